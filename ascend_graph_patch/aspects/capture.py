@@ -1,0 +1,104 @@
+"""Capture aspect (v1): `ACLGraphWrapper.__call__` in FULL mode opens a capture scope.
+
+Tasks registered inside the scope belong to the graph being captured. At the end the graph is owned
+only if every task group the stock capture appended to `GraphParams` was registered; anything else
+(MLA, context-parallel, an unknown op) leaves the whole graph to stock. PIECEWISE wrappers also set
+`forward_context.capturing`, hence the explicit FULL filter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context
+from vllm_ascend.ascend_forward_context import _EXTRA_CTX
+from vllm_ascend.compilation import acl_graph
+
+from ascend_graph_patch import state
+from ascend_graph_patch.aspects import context
+from ascend_graph_patch.aspects.guard import aspect_error
+from ascend_graph_patch.core.graph import DRAFT, DRAFT_PREFILL, TARGET, OwnedGraph
+from ascend_graph_patch.core.registry import REGISTRY
+
+ASPECT = "capture.v1"
+
+
+def current_role() -> str:
+    if _EXTRA_CTX.is_draft_model:
+        return DRAFT_PREFILL if _EXTRA_CTX.is_draft_model_prefill else DRAFT
+    return TARGET
+
+
+def graph_buckets() -> tuple[Any, ...]:
+    return (
+        acl_graph.get_graph_params(),
+        acl_graph.get_draft_graph_params(),
+        acl_graph.get_draft_graph_prefill_params(),
+    )
+
+
+def open_scope(owner: Any, role: str, descriptor: Any) -> context.CaptureScope:
+    buckets = graph_buckets()
+    return context.CaptureScope(
+        owner=owner,
+        graph=OwnedGraph(role=role, descriptor=descriptor),
+        buckets=buckets,
+        handles_before=context.total_handles(buckets),
+    )
+
+
+def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
+    """Own `graph` if the scope registered every task group its capture created."""
+    owned = scope.graph
+    if graph is None:
+        return
+    grown = context.total_handles(scope.buckets) - scope.handles_before
+    reason = scope.failure
+    if reason is None and grown != len(owned.tasks):
+        reason = (
+            f"{grown - len(owned.tasks)} captured task group(s) not registered by the overlay "
+            "(an attention kind it does not own)"
+        )
+    if reason is not None:
+        REGISTRY.refuse(scope.owner, owned.role, owned.descriptor, reason)
+        state.STATE.refusals[reason.split(":")[0]] += 1
+        state.count("graphs.refused")
+        return
+    REGISTRY.register(scope.owner, graph, owned)
+    state.count("graphs.owned")
+    state.mark_effective(aspect)
+
+
+def _begin(instance: Any) -> context.CaptureScope | None:
+    if context.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
+        return None
+    forward_context = get_forward_context()
+    if forward_context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
+        return None
+    descriptor = forward_context.batch_descriptor
+    entry = instance.concrete_aclgraph_entries.get(descriptor)
+    if entry is not None and entry.aclgraph is not None:
+        return None  # a replay
+    return open_scope(instance, current_role(), descriptor)
+
+
+def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        scope = _begin(instance)
+    except Exception as exc:
+        aspect_error(ASPECT, exc)
+        scope = None
+    if scope is None:
+        return wrapped(*args, **kwargs)
+    token = context.CURRENT_SCOPE.set(scope)
+    try:
+        output = wrapped(*args, **kwargs)
+    finally:
+        context.CURRENT_SCOPE.reset(token)
+    try:
+        entry = instance.concrete_aclgraph_entries.get(scope.graph.descriptor)
+        close_scope(scope, getattr(entry, "aclgraph", None), ASPECT)
+    except Exception as exc:
+        aspect_error(ASPECT, exc)
+    return output

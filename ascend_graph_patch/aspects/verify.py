@@ -1,0 +1,142 @@
+"""Shadow verification: run the stock update as a dry run and compare it with the overlay's.
+
+In verify mode the runtime calls that the stock update makes (task update begin/end, the attention
+op relaunches, `ExternalEvent.record`) are intercepted while a dry run is active: recorded per task
+handle, not executed. The overlay's resolved arguments are then compared with them, task by task,
+on the arguments that change per step. Outside a dry run the interceptors pass straight through.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ascend_graph_patch.core.graph import ResolvedTask
+
+
+@dataclass
+class DryRun:
+    launches: dict[int, tuple[Any, str, dict[str, Any]]] = field(default_factory=dict)
+    current: Any = None
+    records: int = 0
+
+
+DRY_RUN: contextvars.ContextVar[DryRun | None] = contextvars.ContextVar(
+    "ascend_graph_patch_dry_run", default=None
+)
+
+
+class VerifyMismatch(AssertionError):
+    """Raised in strict verify mode, after the stock update ran (so nothing is left waiting)."""
+
+
+def update_begin(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    dry = DRY_RUN.get()
+    if dry is None:
+        return wrapped(*args, **kwargs)
+    dry.current = args[1] if len(args) > 1 else kwargs.get("handle")
+    return None
+
+
+def update_end(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    dry = DRY_RUN.get()
+    if dry is None:
+        return wrapped(*args, **kwargs)
+    dry.current = None
+    return None
+
+
+def event_record(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    dry = DRY_RUN.get()
+    if dry is None:
+        return wrapped(*args, **kwargs)
+    dry.records += 1
+    return None
+
+
+def _op_interceptor(name: str) -> Any:
+    def interceptor(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        dry = DRY_RUN.get()
+        if dry is None:
+            return wrapped(*args, **kwargs)
+        if dry.current is not None:
+            dry.launches[id(dry.current)] = (dry.current, name, dict(kwargs))
+        return None
+
+    interceptor.__name__ = f"intercept_{name}"
+    return interceptor
+
+
+fia_out = _op_interceptor("fia")
+fia_v2_out = _op_interceptor("fia_v2")
+paged_attention = _op_interceptor("pa")
+
+
+def dry_run(stock: Any, args: tuple, kwargs: dict) -> tuple[DryRun, BaseException | None]:
+    dry = DryRun()
+    token = DRY_RUN.set(dry)
+    try:
+        stock(*args, **kwargs)
+        error = None
+    except Exception as exc:  # stock itself is broken for this graph (evidence, not our fault)
+        error = exc
+    finally:
+        DRY_RUN.reset(token)
+    return dry, error
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        flat = value.flatten().tolist()
+        head = flat[:8]
+        more = "..." if len(flat) > 8 else ""
+        return f"tensor{tuple(value.shape)}{head}{more}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def compare(
+    resolved: list[ResolvedTask], dry: DryRun, dynamic_args: dict[str, tuple[str, ...]]
+) -> list[str]:
+    """Readable differences between the overlay's and stock's launches, one line each."""
+    problems: list[str] = []
+    seen: set[int] = set()
+    for task, kwargs in resolved:
+        launch = dry.launches.get(id(task.handle))
+        label = f"{task.kind} {task.layer_name or task.metadata_key} step {task.step}"
+        if launch is None:
+            problems.append(f"{label}: stock did not update this task")
+            continue
+        seen.add(id(task.handle))
+        _, stock_kind, stock_kwargs = launch
+        if stock_kind != task.kind:
+            problems.append(f"{label}: stock relaunched it as {stock_kind}")
+            continue
+        for name in dynamic_args.get(task.kind, ()):
+            ours, theirs = kwargs.get(name), stock_kwargs.get(name)
+            if not _same(ours, theirs):
+                problems.append(
+                    f"{label}: {name}: overlay {_short(ours)} != stock {_short(theirs)}"
+                )
+    for handle_id, (_, stock_kind, _) in dry.launches.items():
+        if handle_id not in seen:
+            problems.append(f"stock updated a {stock_kind} task this graph does not own")
+    return problems

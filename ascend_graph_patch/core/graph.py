@@ -1,0 +1,160 @@
+"""An owned graph and the update tasks it holds (the UpdatableGraph idea, RFC 13058).
+
+A task is keyed by (kind, metadata key, draft step), never by position. Replay is two phases:
+`resolve` computes every launch argument from a metadata source without touching the runtime, so a
+failure there changes nothing and the caller can still run the stock update; `apply` then, per task
+and exactly once, opens the task-group update, relaunches the op with the fresh arguments, closes
+the update and records the task's event (a graph left waiting on an event is a hang on hardware).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+TARGET = "target"
+DRAFT = "draft"
+DRAFT_PREFILL = "draft_prefill"
+
+
+class ResolutionError(Exception):
+    """Fresh parameters for a task could not be computed; the step must go to stock."""
+
+
+class Provider(Protocol):
+    """Turns one metadata object into the launch arguments that change per step."""
+
+    kind: str
+
+    def resolve(
+        self, metadata: Any, template: Mapping[str, Any], cache: dict
+    ) -> dict[str, Any]: ...
+
+
+class MetadataSource(Protocol):
+    def lookup(self, metadata_key: str, step: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    """Target graphs read `forward_context.attn_metadata` (layer name -> metadata)."""
+
+    attn_metadata: Mapping[str, Any]
+
+    def lookup(self, metadata_key: str, step: int) -> Any:
+        try:
+            return self.attn_metadata[metadata_key]
+        except (KeyError, TypeError) as exc:
+            raise ResolutionError(f"no metadata for key {metadata_key!r}") from exc
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    """Draft graphs read the per-step list the proposer passes (`draft_attn_metadatas`)."""
+
+    per_step: Sequence[Mapping[str, Any]]
+
+    def lookup(self, metadata_key: str, step: int) -> Any:
+        if self.per_step is None or step >= len(self.per_step):
+            n = 0 if self.per_step is None else len(self.per_step)
+            raise ResolutionError(f"draft step {step} missing ({n} step(s) of metadata given)")
+        try:
+            return self.per_step[step][metadata_key]
+        except (KeyError, TypeError) as exc:
+            raise ResolutionError(f"no metadata for key {metadata_key!r} at step {step}") from exc
+
+
+@dataclass(eq=False, slots=True)
+class UpdateTask:
+    """One captured attention task group, owned by the graph that captured it.
+
+    `template` holds the static launch arguments (the captured, weak-referenced tensors and
+    scalars, as the stock registry holds them); the provider supplies what changes per step.
+    """
+
+    kind: str
+    metadata_key: str
+    step: int
+    layer_name: str | None
+    handle: Any
+    event: Any
+    op: Callable[..., Any]
+    template: dict[str, Any]
+    provider: Provider
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """Identity within a graph. KV-sharing layers share a metadata key, not a layer name."""
+        return (self.kind, self.layer_name or self.metadata_key, self.step)
+
+
+ResolvedTask = tuple[UpdateTask, dict[str, Any]]
+
+
+@dataclass(eq=False)
+class OwnedGraph:
+    """A captured graph whose tasks the overlay updates itself."""
+
+    role: str
+    descriptor: Any
+    tasks: list[UpdateTask] = field(default_factory=list)
+    # Host lists of the last update stay referenced until the next one: the device consumes them
+    # asynchronously on hardware.
+    _inflight: list[ResolvedTask] = field(default_factory=list, repr=False)
+
+    def add(self, task: UpdateTask) -> None:
+        if any(t.key == task.key for t in self.tasks):
+            raise ResolutionError(f"duplicate task key {task.key}")
+        self.tasks.append(task)
+
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tasks:
+            out[t.kind] = out.get(t.kind, 0) + 1
+        return out
+
+    def resolve(self, source: MetadataSource) -> list[ResolvedTask]:
+        """Compute every task's launch arguments; pure: no runtime call, no state change."""
+        cache: dict = {}
+        resolved: list[ResolvedTask] = []
+        for task in self.tasks:
+            metadata = source.lookup(task.metadata_key, task.step)
+            try:
+                fresh = task.provider.resolve(metadata, task.template, cache)
+            except ResolutionError:
+                raise
+            except Exception as exc:  # a provider bug must not leave events unrecorded
+                raise ResolutionError(f"{task.kind} provider failed for {task.key}: {exc!r}") from (
+                    exc
+                )
+            kwargs = dict(task.template)
+            kwargs.update(fresh)
+            resolved.append((task, kwargs))
+        return resolved
+
+    def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
+        """Update each task once and record its event, on `update_stream`.
+
+        If a launch fails part-way, the remaining events are still recorded so the replay cannot
+        hang, and the error is re-raised for the caller to count.
+        """
+        begin = runtime.graph_task_update_begin
+        end = runtime.graph_task_update_end
+        self._inflight = resolved
+        with runtime.stream(update_stream):
+            for index, (task, kwargs) in enumerate(resolved):
+                try:
+                    begin(update_stream, task.handle)
+                    try:
+                        task.op(**kwargs)
+                    finally:
+                        end(update_stream)
+                except BaseException:
+                    for rest, _ in resolved[index:]:
+                        try:
+                            rest.event.record(update_stream)
+                        except Exception:
+                            pass
+                    raise
+                task.event.record(update_stream)

@@ -1,0 +1,88 @@
+"""Per-task providers: which metadata fields feed which launch arguments, per attention kind.
+
+They mirror what the stock update rebinds, so the overlay launches exactly what stock would:
+- FIA: query ends and KV lengths; the block table too, except on sliding-window target layers
+  (rebinding it there corrupts output upstream); drafts always rebind it and drop to sparse mode 0
+  when the step is not causal. The workspace is the graph's captured one, read once per pass.
+- FIA v2 (sinks): query ends and KV lengths; the captured workspace.
+- PA: context lengths, and a workspace recomputed from them, shared within one pass by tasks with
+  the same signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FIA = "fia"
+FIA_V2 = "fia_v2"
+PA = "pa"
+KINDS = (FIA, FIA_V2, PA)
+
+
+def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
+    key = ("ws", id(getter))
+    if key not in cache:
+        cache[key] = getter()
+    return cache[key]
+
+
+@dataclass(frozen=True, slots=True)
+class FIAProvider:
+    workspace: Callable[[], Any]
+    rebind_block_table: bool = True
+    draft: bool = False
+    kind: str = FIA
+
+    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
+        fresh = {
+            "actual_seq_lengths": metadata.actual_seq_lengths_q,
+            "actual_seq_lengths_kv": metadata.seq_lens_list,
+            "workspace": _graph_workspace(self.workspace, cache),
+        }
+        if self.draft or self.rebind_block_table:
+            fresh["block_table"] = metadata.block_tables
+        if self.draft and not metadata.causal:
+            fresh["sparse_mode"] = 0
+        return fresh
+
+
+@dataclass(frozen=True, slots=True)
+class FIAV2Provider:
+    workspace: Callable[[], Any]
+    kind: str = FIA_V2
+
+    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
+        return {
+            "actual_seq_qlen": metadata.actual_seq_lengths_q,
+            "actual_seq_kvlen": metadata.seq_lens_list,
+            "workspace": _graph_workspace(self.workspace, cache),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PAProvider:
+    workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
+    kind: str = PA
+
+    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
+        context_lens = metadata.seq_lens
+        query = template["query"]
+        key_cache = template["key_cache"]
+        signature = (
+            "pa",
+            id(context_lens),
+            tuple(query.shape),
+            query.dtype,
+            tuple(key_cache.shape),
+            template["num_kv_heads"],
+            template["num_heads"],
+        )
+        workspace = cache.get(signature)
+        if workspace is None:
+            args = {k: v for k, v in template.items() if k != "workspace"}
+            args["context_lens"] = context_lens
+            workspace = self.workspace_for(**args)
+            cache[signature] = workspace
+        return {"context_lens": context_lens, "workspace": workspace}
