@@ -8,7 +8,7 @@ ROOT=$PWD
 VENV=${VENV:-$ROOT/.venv}
 STAMP=$VENV/.stack-ok
 PY=${PYTHON:-python3}
-if [[ -f $STAMP ]] && cmp -s "$STAMP" <(cat constraints.txt scripts/build-stack.sh setup.cfg); then
+if [[ -f $STAMP ]] && cmp -s "$STAMP" <(cat constraints.txt scripts/build-stack.sh setup.cfg setup.py loader/*); then
   exit 0
 fi
 t0=$(date +%s)
@@ -31,7 +31,8 @@ COMPILE_CUSTOM_KERNELS=0 SOC_VERSION=ascend910b1 \
 pip install -q transformers==5.5.4 scipy pandas numba msgpack quart decorator pybind11 \
   torchvision==0.28.0 pytest pytest-mock pytest-timeout ruff
 pip uninstall -y -q triton >/dev/null 2>&1 || true
-pip install -q --no-build-isolation --no-deps -e .
+# compat mode: a plain path entry instead of an import finder (~8 ms less per process).
+pip install -q --no-build-isolation --no-deps --config-settings editable_mode=compat -e .
 pip install -q 'wrapt>=2.4,!=2.2.0,<3' tqdm matplotlib
-cat constraints.txt scripts/build-stack.sh setup.cfg > "$STAMP"
+cat constraints.txt scripts/build-stack.sh setup.cfg setup.py loader/* > "$STAMP"
 echo "stack built in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,182 @@
+"""The loader: runs in every Python process, decides whether the overlay wakes up.
+
+Three ways in, one idempotent body: the ``ascend_graph_patch.pth`` line (every interpreter that
+processes site-packages: engine core, spawned workers, Ray workers, vLLM's model-inspection
+subprocess), the PEP 829 ``ascend_graph_patch.start`` entry (Python >= 3.15, where ``import`` lines
+in ``.pth`` files are deprecated) and vLLM's ``vllm.general_plugins`` entry point (a second chance
+where the ``.pth`` was not processed, e.g. site-packages reached through ``PYTHONPATH``).
+
+Because it runs everywhere, the off path must cost nothing measurable: the ``.pth`` line repeats
+:func:`definitely_off` inline and then imports nothing at all; the ``.start`` and plugin ways in
+import only this module (see :func:`measure_startup`). Nothing heavy (torch, vllm, wrapt) is
+touched unless the toggle is on. Whatever happens, the host program never sees an exception
+from here: failures become one ``ascend-graph-patch: ...`` line on stderr and the process stays
+stock.
+"""
+
+import os
+import sys
+
+#: The parsed mode once :func:`bootstrap` ran (``off`` included). ``None``: it never ran, which
+#: is normal when off (the ``.pth`` pre-filter does not import this module then).
+MODE: "str | None" = None
+#: True once :func:`bootstrap` ran in this process (whichever way in came first).
+BOOTSTRAPPED = False
+#: One-line reason if ``activation.enable`` raised (the overlay then stays stock, as far as it can).
+ENABLE_ERROR: "str | None" = None
+#: One-line reason if the simulator was requested but could not be activated.
+SIM_ERROR: "str | None" = None
+
+_PREFIX = "ascend-graph-patch: "
+#: Module name prefixes counted by :func:`measure_startup` (our own code and the patch primitive).
+_STARTUP_MODULES = ("ascend_graph_patch", "wrapt")
+# Fast pre-filter, so the off path does not even import ``mode``. Must match
+# ``mode.OFF_VALUES`` / ``mode.ON_VALUES`` (tests check it); the .pth line repeats the same test.
+_OFF_VALUES = ("", "0", "off", "false")
+_ON_VALUES = ("1", "on", "true")
+
+
+def definitely_off() -> bool:
+    """True when neither the overlay nor the simulator is requested: nothing to load at all."""
+    env = os.environ
+    return (
+        env.get("ASCEND_GRAPH_PATCH", "").strip().lower() in _OFF_VALUES
+        and env.get("ASCEND_GRAPH_PATCH_SIM", "").strip().lower() not in _ON_VALUES
+    )
+
+
+def _warn(message: str) -> None:
+    """One line on stderr; a traceback too when ``ASCEND_GRAPH_PATCH_DEBUG`` is set."""
+    from ascend_graph_patch import mode as _mode
+
+    try:
+        sys.stderr.write(_PREFIX + message + "\n")
+        if _mode.debug() and sys.exc_info()[0] is not None:
+            import traceback
+
+            traceback.print_exc()
+        sys.stderr.flush()
+    except Exception:  # a closed or missing stderr must not break start-up either
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _activate_sim() -> None:
+    """Install the simulated ``torch_npu`` finder (written by the simulator; may be absent)."""
+    global SIM_ERROR
+    from ascend_graph_patch import mode as _mode
+
+    try:
+        from ascend_graph_patch.sim.finder import activate
+    except ModuleNotFoundError as exc:
+        if exc.name in ("ascend_graph_patch.sim", "ascend_graph_patch.sim.finder"):
+            SIM_ERROR = "simulator not installed"
+            _warn(f"{_mode.ENV_SIM} is set but the simulator is not available; ignoring it")
+            return
+        SIM_ERROR = _describe(exc)
+        _warn(f"simulator import failed, ignoring {_mode.ENV_SIM}: {SIM_ERROR}")
+        return
+    except Exception as exc:
+        SIM_ERROR = _describe(exc)
+        _warn(f"simulator import failed, ignoring {_mode.ENV_SIM}: {SIM_ERROR}")
+        return
+    try:
+        activate()
+    except Exception as exc:
+        SIM_ERROR = _describe(exc)
+        _warn(f"simulator activation failed: {SIM_ERROR}")
+
+
+def bootstrap() -> None:
+    """Read the toggle once per process; when it is on, hand over to ``activation.enable``.
+
+    Idempotent: the first caller wins (normally the ``.pth``); later calls, such as vLLM's
+    ``load_general_plugins`` in the same process, return at once. Never raises.
+    """
+    global BOOTSTRAPPED, MODE, ENABLE_ERROR
+    if BOOTSTRAPPED:
+        return
+    BOOTSTRAPPED = True
+    if definitely_off():
+        MODE = "off"
+        return
+    try:
+        from ascend_graph_patch import mode as _mode
+
+        if _mode.sim_requested():
+            _activate_sim()
+        MODE, warning = _mode.parse(os.environ.get(_mode.ENV_MODE))
+        if warning is not None:
+            _warn(warning)
+        if MODE == _mode.OFF:
+            return
+        from ascend_graph_patch import activation
+
+        activation.enable(MODE)
+    except Exception as exc:  # the host program must never break because of us
+        ENABLE_ERROR = _describe(exc)
+        _warn(f"activation failed (mode={MODE}), continuing without the overlay: {ENABLE_ERROR}")
+
+
+def _sum_importtime(stderr: str, prefixes: tuple[str, ...] = _STARTUP_MODULES) -> float:
+    """Milliseconds spent importing ``prefixes`` modules, from ``-X importtime`` output.
+
+    Takes the *cumulative* time of each outermost matching import, so stdlib modules pulled in
+    on our behalf count and nested matches are not counted twice. Lines are printed children
+    first, hence the walk from the end (parents before children).
+    """
+    total_us = 0
+    stack: list[tuple[int, bool]] = []  # (depth, inside a counted import)
+    for line in reversed(stderr.splitlines()):
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        fields = line[len("import time:") :].split("|")
+        if len(fields) != 3 or not fields[1].strip().isdigit():
+            continue  # the header line
+        cumulative = int(fields[1])
+        raw_name = fields[2]
+        name = raw_name.strip()
+        depth = (len(raw_name) - len(raw_name.lstrip(" "))) // 2
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        covered = bool(stack) and stack[-1][1]
+        matched = name.split(".")[0] in prefixes
+        if matched and not covered:
+            total_us += cumulative
+        stack.append((depth, covered or matched))
+    return total_us / 1000.0
+
+
+def measure_startup(
+    mode: str, repeats: int = 5, python: str | None = None, env: dict[str, str] | None = None
+) -> float:
+    """Median start-up cost of the loader in ms for ``ASCEND_GRAPH_PATCH=mode``.
+
+    Runs ``python -X importtime -c pass`` ``repeats`` times (the ``.pth`` must be installed in
+    that interpreter's site-packages) and sums the import time of ``ascend_graph_patch*`` and
+    ``wrapt*``. Import time is what the loader adds to every process; the call itself is
+    negligible next to it. One warm-up run keeps ``.pyc`` compilation out of the numbers.
+    """
+    import statistics
+    import subprocess
+    import tempfile
+
+    run_env = dict(os.environ if env is None else env)
+    run_env["ASCEND_GRAPH_PATCH"] = mode
+    run_env.pop("ASCEND_GRAPH_PATCH_SIM", None)
+    # Installed wheels have .pyc files; a dev shell with PYTHONDONTWRITEBYTECODE would measure
+    # compilation instead. A private pycache keeps the source tree clean.
+    run_env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cmd = [python or sys.executable, "-X", "importtime", "-c", "pass"]
+    samples = []
+    with tempfile.TemporaryDirectory(prefix="agp-pycache-") as cache:
+        run_env["PYTHONPYCACHEPREFIX"] = cache
+        for i in range(repeats + 1):
+            proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=True)
+            if i:
+                samples.append(_sum_importtime(proc.stderr))
+    return statistics.median(samples)

@@ -1,0 +1,386 @@
+"""The loader: mode parsing, the bootstrap's contract, and the installed .pth in real processes.
+
+In-process tests fake ``activation.enable``; the subprocess tests run the venv's interpreter so
+the ``.pth`` installed by ``scripts/build-stack.sh`` (editable install) really runs at start-up.
+Fresh interpreters here never import torch, so each one costs well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from ascend_graph_patch import _bootstrap, activation, mode
+
+REPO = Path(__file__).resolve().parents[1]
+SITE = Path(sysconfig.get_paths()["purelib"])
+ENV_PREFIX = "ASCEND_GRAPH_PATCH"
+
+# Printed by every probe subprocess: what the loader did before any user code ran.
+PROBE = textwrap.dedent(
+    """
+    import json, sys
+    boot = sys.modules.get("ascend_graph_patch._bootstrap")
+    print(json.dumps({
+        "heavy": [m for m in ("torch", "vllm", "vllm_ascend", "wrapt") if m in sys.modules],
+        "ours": sorted(m for m in sys.modules
+                       if m.startswith("ascend_graph_patch") and "editable" not in m),
+        "mode": getattr(boot, "MODE", None),
+        "bootstrapped": getattr(boot, "BOOTSTRAPPED", False),
+    }))
+    """
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The current environment without any ASCEND_GRAPH_PATCH* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env.update(extra)
+    return env
+
+
+def run_probe(*flags: str, cwd: Path, **env: str) -> tuple[dict, str]:
+    proc = subprocess.run(
+        [sys.executable, *flags, "-c", PROBE],
+        env=clean_env(**env),
+        cwd=cwd,  # not the repo root: the package must come from site-packages, not from cwd
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A monkeypatch whose environment starts with no ASCEND_GRAPH_PATCH* variable set."""
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+@pytest.fixture
+def fresh(env: pytest.MonkeyPatch) -> list[str]:
+    """Bootstrap state reset (restored afterwards) and a recording fake ``activation.enable``."""
+    for name, value in [("BOOTSTRAPPED", False), ("MODE", None), ("ENABLE_ERROR", None),
+                        ("SIM_ERROR", None)]:
+        env.setattr(_bootstrap, name, value)
+    calls: list[str] = []
+    env.setattr(activation, "enable", calls.append)
+    return calls
+
+
+# --- mode parsing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, "off"), ("", "off"), ("   ", "off"), ("0", "off"), ("off", "off"), ("OFF", "off"),
+        ("false", "off"), (" False ", "off"), ("1", "on"), ("on", "on"), ("On", "on"),
+        ("true", "on"), ("TRUE\n", "on"), ("observe", "observe"), (" Observe ", "observe"),
+        ("verify", "verify"), ("VERIFY", "verify"),
+    ],
+)
+def test_parse_accepted(raw: str | None, expected: str) -> None:
+    assert mode.parse(raw) == (expected, None)
+
+
+@pytest.mark.parametrize("raw", ["2", "yes", "enable", "verify-strict", "o n", "observer"])
+def test_parse_invalid_is_off_with_one_line_naming_the_values(raw: str) -> None:
+    parsed, warning = mode.parse(raw)
+    assert parsed == "off"
+    assert warning is not None and "\n" not in warning
+    assert repr(raw) in warning
+    for accepted in mode.MODES:
+        assert accepted in warning
+
+
+def test_mode_reads_the_environment(env: pytest.MonkeyPatch) -> None:
+    assert mode.mode() == "off"
+    env.setenv("ASCEND_GRAPH_PATCH", "verify")
+    assert mode.mode() == "verify"
+    assert mode.mode({"ASCEND_GRAPH_PATCH": "observe"}) == "observe"
+
+
+@pytest.mark.parametrize("reader", [mode.strict, mode.force, mode.sim_requested, mode.debug])
+@pytest.mark.parametrize(("raw", "expected"),
+                         [(None, False), ("", False), ("0", False), ("no", False),
+                          ("1", True), ("on", True), (" TRUE ", True)])
+def test_boolean_flags(reader, raw: str | None, expected: bool) -> None:
+    name = {mode.strict: mode.ENV_STRICT, mode.force: mode.ENV_FORCE,
+            mode.sim_requested: mode.ENV_SIM, mode.debug: mode.ENV_DEBUG}[reader]
+    environ = {} if raw is None else {name: raw}
+    assert reader(environ) is expected
+
+
+def test_disabled_aspects() -> None:
+    environ = {mode.ENV_DISABLE: " Replay, attention,,capture "}
+    assert mode.disabled_aspects(environ) == {"replay", "attention", "capture"}
+    assert mode.disabled_aspects({}) == frozenset()
+    assert mode.aspect_disabled("REPLAY", environ)
+    assert not mode.aspect_disabled("verify", environ)
+    assert mode.aspect_disabled("anything", {mode.ENV_DISABLE: "*"})
+
+
+def test_prefilters_match_mode() -> None:
+    """The bootstrap's and the .pth's fast off-checks must agree with mode.py."""
+    assert set(_bootstrap._OFF_VALUES) == mode.OFF_VALUES
+    assert set(_bootstrap._ON_VALUES) == mode.ON_VALUES
+    pth = (REPO / "loader" / "ascend_graph_patch.pth").read_text()
+    for values in (_bootstrap._OFF_VALUES, _bootstrap._ON_VALUES):
+        assert "(" + ", ".join(f'"{v}"' for v in values) + ")" in pth
+
+
+# --- bootstrap, in process ---------------------------------------------------------------------
+
+
+def test_off_does_not_enable(fresh: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    _bootstrap.bootstrap()
+    assert fresh == []
+    assert _bootstrap.MODE == "off"
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", "on"), ("observe", "observe"),
+                                               ("Verify", "verify")])
+def test_enabled_mode_calls_enable(fresh: list[str], env: pytest.MonkeyPatch, raw: str,
+                                   expected: str) -> None:
+    env.setenv("ASCEND_GRAPH_PATCH", raw)
+    _bootstrap.bootstrap()
+    assert (fresh, _bootstrap.MODE) == ([expected], expected)
+
+
+def test_invalid_value_warns_once_and_stays_off(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("ASCEND_GRAPH_PATCH", "maybe")
+    _bootstrap.bootstrap()
+    _bootstrap.bootstrap()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("ascend-graph-patch: ") and "'maybe'" in err[0]
+    assert fresh == [] and _bootstrap.MODE == "off"
+
+
+def test_idempotent(fresh: list[str], env: pytest.MonkeyPatch) -> None:
+    env.setenv("ASCEND_GRAPH_PATCH", "on")
+    _bootstrap.bootstrap()
+    _bootstrap.bootstrap()  # e.g. vllm.general_plugins after the .pth
+    assert fresh == ["on"]
+
+
+def test_enable_failure_is_one_warning(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(mode_: str) -> None:
+        raise RuntimeError("seam moved\nsecond line")
+
+    env.setattr(activation, "enable", boom)
+    env.setenv("ASCEND_GRAPH_PATCH", "on")
+    _bootstrap.bootstrap()  # must not raise
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("ascend-graph-patch: ")
+    assert "RuntimeError: seam moved" in err[0]
+    assert _bootstrap.ENABLE_ERROR == "RuntimeError: seam moved"
+
+
+def test_debug_adds_traceback(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(mode_: str) -> None:
+        raise RuntimeError("seam moved")
+
+    env.setattr(activation, "enable", boom)
+    env.setenv("ASCEND_GRAPH_PATCH", "on")
+    env.setenv("ASCEND_GRAPH_PATCH_DEBUG", "1")
+    _bootstrap.bootstrap()
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_sim_requested_activates_finder_even_when_off(
+    fresh: list[str], env: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    calls: list[bool] = []
+    finder = types.ModuleType("ascend_graph_patch.sim.finder")
+    finder.activate = lambda: calls.append(True)  # type: ignore[attr-defined]
+    env.setitem(sys.modules, "ascend_graph_patch.sim.finder", finder)
+    env.setenv("ASCEND_GRAPH_PATCH_SIM", "1")
+    _bootstrap.bootstrap()
+    assert calls == [True]
+    assert fresh == [] and _bootstrap.MODE == "off" and _bootstrap.SIM_ERROR is None
+
+
+def test_sim_activation_failure_is_one_warning(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import types
+
+    def boom() -> None:
+        raise OSError("no space")
+
+    finder = types.ModuleType("ascend_graph_patch.sim.finder")
+    finder.activate = boom  # type: ignore[attr-defined]
+    env.setitem(sys.modules, "ascend_graph_patch.sim.finder", finder)
+    env.setenv("ASCEND_GRAPH_PATCH_SIM", "on")
+    env.setenv("ASCEND_GRAPH_PATCH", "observe")
+    _bootstrap.bootstrap()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "OSError: no space" in err[0]
+    assert fresh == ["observe"]  # the overlay itself still comes up
+
+
+def test_entry_point_resolves_to_bootstrap() -> None:
+    eps = metadata.entry_points(group="vllm.general_plugins")
+    ours = [ep for ep in eps if ep.name == "ascend_graph_patch"]
+    assert len(ours) == 1
+    assert ours[0].load() is _bootstrap.bootstrap
+
+
+def test_start_file_resolves_to_bootstrap() -> None:
+    """PEP 829 ``.start``: ``module:callable`` lines, called without arguments."""
+    lines = [ln.strip() for ln in (REPO / "loader" / "ascend_graph_patch.start").read_text()
+             .splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(lines) == 1
+    ep = metadata.EntryPoint(name="start", value=lines[0], group="site.start")
+    assert ep.load() is _bootstrap.bootstrap
+
+
+# --- the installed .pth, in fresh interpreters ---------------------------------------------------
+
+
+def test_loader_files_installed_in_site_packages() -> None:
+    for name in ("ascend_graph_patch.pth", "ascend_graph_patch.start"):
+        installed = SITE / name
+        assert installed.is_file(), f"{installed} missing: rerun scripts/build-stack.sh"
+        assert installed.read_text() == (REPO / "loader" / name).read_text(), f"{name} stale"
+
+
+def test_off_imports_nothing(tmp_path: Path) -> None:
+    probe, err = run_probe(cwd=tmp_path)
+    assert probe["heavy"] == []
+    assert probe["ours"] == []  # the .pth pre-filter does not even import the bootstrap
+    assert err == ""
+
+
+@pytest.mark.parametrize("raw", ["observe", "verify", "on"])
+def test_pth_runs_bootstrap_at_startup(tmp_path: Path, raw: str) -> None:
+    probe, err = run_probe(cwd=tmp_path, ASCEND_GRAPH_PATCH=raw)
+    assert probe["bootstrapped"] and probe["mode"] == raw
+    assert "ascend_graph_patch.activation" in probe["ours"]
+    assert not {"torch", "vllm", "vllm_ascend"} & set(probe["heavy"])  # hooks are lazy
+    assert "ascend-graph-patch" not in err
+
+
+def test_without_site_nothing_runs(tmp_path: Path) -> None:
+    """Negative control: ``python -S`` skips .pth files, so the probe really sees the loader."""
+    probe, _ = run_probe("-S", cwd=tmp_path, ASCEND_GRAPH_PATCH="observe")
+    assert probe["mode"] is None and probe["ours"] == []
+
+
+def test_invalid_value_in_subprocess(tmp_path: Path) -> None:
+    probe, err = run_probe(cwd=tmp_path, ASCEND_GRAPH_PATCH="bogus")
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ascend-graph-patch: ")
+    assert probe["mode"] == "off" and "ascend_graph_patch.activation" not in probe["ours"]
+
+
+@pytest.mark.parametrize(("raw", "expect_warning"), [("", False), ("on", True)])
+def test_pth_line_survives_missing_package(tmp_path: Path, raw: str, expect_warning: bool) -> None:
+    """A half-installed package (the .pth left behind) must not break interpreter start-up."""
+    line = (REPO / "loader" / "ascend_graph_patch.pth").read_text()
+    assert len(line.splitlines()) == 1 and line.startswith("import ")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys; exec(sys.argv[1]); print('alive')", line],
+        env=clean_env(ASCEND_GRAPH_PATCH=raw), cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive"
+    assert ("ascend-graph-patch: loader not importable" in proc.stderr) is expect_warning
+    assert "Traceback" not in proc.stderr
+
+
+SPAWN_SCRIPT = """
+import json, multiprocessing, sys
+
+def child(path):
+    boot = sys.modules.get("ascend_graph_patch._bootstrap")
+    with open(path, "w") as fh:
+        json.dump({"mode": getattr(boot, "MODE", None),
+                   "bootstrapped": getattr(boot, "BOOTSTRAPPED", False)}, fh)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=child, args=(sys.argv[1],))
+    p.start()
+    p.join(60)
+    sys.exit(p.exitcode)
+"""
+
+
+def test_spawn_child_runs_bootstrap(tmp_path: Path) -> None:
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWN_SCRIPT)
+    out = tmp_path / "child.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)], env=clean_env(ASCEND_GRAPH_PATCH="observe"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == {"mode": "observe", "bootstrapped": True}
+
+
+# --- start-up cost -----------------------------------------------------------------------------
+
+IMPORTTIME = """\
+import time: self [us] | cumulative | imported package
+import time:       100 |        100 |   _io
+import time:       300 |        300 |     ascend_graph_patch
+import time:        50 |         50 |       wrapt.nested
+import time:       400 |        400 |       __future__
+import time:       200 |        650 |     ascend_graph_patch.mode
+import time:      1000 |       1950 |   ascend_graph_patch._bootstrap
+import time:        70 |         70 |   wrapt
+import time:        10 |         10 | json
+"""
+
+
+def test_sum_importtime_counts_outermost_matches_once() -> None:
+    # _bootstrap's cumulative covers its children (incl. the stdlib __future__); wrapt separately.
+    assert _bootstrap._sum_importtime(IMPORTTIME) == pytest.approx((1950 + 70) / 1000)
+    assert _bootstrap._sum_importtime(IMPORTTIME, ("json",)) == pytest.approx(0.01)
+    assert _bootstrap._sum_importtime("no importtime here") == 0.0
+
+
+def test_startup_measurement_sees_the_loader_only_when_enabled() -> None:
+    """With the toggle off the loader imports nothing, so its measured import time is exactly 0.
+
+    The cost itself (target <= 1 ms off) is reported by `ascend-graph-patch bench`, not asserted.
+    """
+    off = _bootstrap.measure_startup("off", repeats=1)
+    on = _bootstrap.measure_startup("observe", repeats=1)
+    assert off == 0.0
+    assert on > 0.0  # the measurement does see the loader's imports when enabled
+
+
+def test_sim_finder_activated_at_startup(tmp_path: Path) -> None:
+    """ASCEND_GRAPH_PATCH_SIM reaches a fresh interpreter through the .pth, without torch."""
+    pytest.importorskip("ascend_graph_patch.sim.finder")
+    code = ("import sys; print(sorted(type(f).__name__ for f in sys.meta_path)); "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(ASCEND_GRAPH_PATCH_SIM="1"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    finders, torch_loaded = proc.stdout.splitlines()
+    assert "SimTorchNpuFinder" in finders and torch_loaded == "False"
