@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch_npu
+import vllm_ascend.ops  # noqa: F401  (first: attention_v1 first is a circular import)
 from vllm.forward_context import get_forward_context
 from vllm_ascend.attention import attention_v1
 

@@ -1,0 +1,137 @@
+"""Faults degrade to stock (counted, warned once, correct output, no hang); verify catches lies."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_graph_patch.aspects import attention, replay, verify
+from ascend_graph_patch.core.graph import OwnedGraph, ResolutionError, TargetSource
+from ascend_graph_patch.core.providers import FIAProvider, PAProvider
+from tests.overlay_support import bitwise_equal, run_arm
+
+STEPS = 30
+
+
+@pytest.fixture
+def stock_dense(engine_factory):
+    return run_arm(engine_factory, "dense_gqa", "off", steps=STEPS)
+
+
+def test_resolution_fault_falls_back_to_stock_for_that_step(
+    engine_factory, stock_dense, mocker, capsys
+):
+    original = TargetSource.lookup
+    calls = {"n": 0}
+
+    def flaky(self, key, step):
+        calls["n"] += 1
+        if calls["n"] % 7 == 0:
+            raise ResolutionError(f"no metadata for key {key!r}")
+        return original(self, key, step)
+
+    mocker.patch.object(TargetSource, "lookup", flaky)
+    arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
+    assert arm.error is None
+    assert bitwise_equal(arm.outputs, stock_dense.outputs)
+    fallbacks = arm.counters["fallback.resolution"]
+    assert 0 < fallbacks < STEPS
+    assert arm.counters["updates.owned"] == STEPS - fallbacks
+    assert capsys.readouterr().err.count("update left to stock") == 1  # warned once
+
+
+def test_provider_exception_falls_back(engine_factory, stock_dense, mocker) -> None:
+    mocker.patch.object(FIAProvider, "resolve", side_effect=KeyError("seq_lens_list"))
+    arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
+    assert bitwise_equal(arm.outputs, stock_dense.outputs)
+    assert arm.counters["fallback.resolution"] == STEPS
+    assert "updates.owned" not in arm.counters
+
+
+def test_capture_side_fault_leaves_the_graph_to_stock(
+    engine_factory, stock_dense, mocker, capsys
+) -> None:
+    mocker.patch.object(attention, "_register", side_effect=RuntimeError("capture bug"))
+    arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
+    assert arm.error is None
+    assert bitwise_equal(arm.outputs, stock_dense.outputs)
+    assert arm.counters["graphs.refused"] >= 1 and "graphs.owned" not in arm.counters
+    assert arm.counters["updates.stock.unowned"] == STEPS
+
+
+def test_error_inside_the_replay_aspect_never_reaches_the_engine(
+    engine_factory, stock_dense, mocker, capsys
+) -> None:
+    mocker.patch.object(replay, "_plan", side_effect=RuntimeError("replay bug"))
+    arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
+    assert arm.error is None
+    assert bitwise_equal(arm.outputs, stock_dense.outputs)
+    assert arm.counters["errors.replay.update"] == STEPS
+    err = capsys.readouterr().err
+    assert err.count("internal error in aspect replay.update") == 1
+
+
+def test_failed_launch_records_all_events_so_nothing_hangs(engine_factory, mocker) -> None:
+    """A relaunch that raises mid-update: every event still recorded, no simulator error."""
+    original = OwnedGraph.apply
+
+    def sabotage(self, resolved, update_stream, runtime):
+        task, kwargs = resolved[1]
+
+        def boom(**kw):
+            raise RuntimeError("launch failed")
+
+        resolved[1] = (type(task)(**{**{f: getattr(task, f) for f in task.__slots__}, "op": boom}),
+                       kwargs)  # fmt: skip
+        return original(self, resolved, update_stream, runtime)
+
+    mocker.patch.object(OwnedGraph, "apply", sabotage)
+    arm = run_arm(engine_factory, "dense_gqa", "on", steps=5)
+    assert arm.error is None  # no SimulatorError: no replay left waiting
+    assert arm.counters["errors.replay.update.apply"] == 5
+
+
+def test_task_groups_the_overlay_did_not_register_leave_the_graph_to_stock(
+    engine_factory, monkeypatch
+) -> None:
+    """Stand-in for MLA / CP / SFA task groups: the PA aspect disabled, PA goes unregistered."""
+    stock = run_arm(engine_factory, "paged_attention", "off", steps=STEPS)
+    monkeypatch.setenv("ASCEND_GRAPH_PATCH_DISABLE", "attention.pa")
+    arm = run_arm(engine_factory, "paged_attention", "on", steps=STEPS)
+    assert bitwise_equal(arm.outputs, stock.outputs)
+    assert "attention.pa" not in arm.snapshot["aspects_installed"]
+    assert arm.counters["graphs.refused"] >= 1  # every graph holding a PA task group
+    assert arm.counters["updates.stock.unowned"] > 0
+    assert all(
+        "not registered by the overlay" in r for r in arm.snapshot["graphs_refused"].values()
+    )
+
+
+def test_verify_catches_a_wrong_provider(engine_factory, stock_dense, mocker) -> None:
+    original = FIAProvider.resolve
+
+    def lying(self, metadata, template, cache):
+        fresh = original(self, metadata, template, cache)
+        fresh["actual_seq_lengths_kv"] = [n + 1 for n in fresh["actual_seq_lengths_kv"]]
+        return fresh
+
+    mocker.patch.object(FIAProvider, "resolve", lying)
+    arm = run_arm(engine_factory, "dense_gqa", "verify", steps=STEPS)
+    assert arm.counters["verify.mismatches"] == STEPS * 4  # every task, every step
+    assert bitwise_equal(arm.outputs, stock_dense.outputs)  # verify applies stock
+
+
+def test_strict_verify_raises_a_readable_diff(engine_factory, mocker, monkeypatch) -> None:
+    original = PAProvider.resolve
+
+    def lying(self, metadata, template, cache):
+        fresh = original(self, metadata, template, cache)
+        fresh["context_lens"] = fresh["context_lens"] * 0
+        return fresh
+
+    mocker.patch.object(PAProvider, "resolve", lying)
+    monkeypatch.setenv("ASCEND_GRAPH_PATCH_STRICT", "1")
+    arm = run_arm(engine_factory, "paged_attention", "verify", steps=3)
+    assert isinstance(arm.error, verify.VerifyMismatch)
+    text = str(arm.error)
+    assert "context_lens: overlay tensor" in text and "!= stock tensor" in text
+    assert "model.layers.0.self_attn.attn" in text

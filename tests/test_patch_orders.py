@@ -1,0 +1,100 @@
+"""Import / patch / unpatch orders, ddtrace-style: each order in its own fresh interpreter.
+
+The `.pth` loader is installed in the venv, so the environment decides what a fresh process does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ascend_graph_patch import activation
+
+PROBE = r"""
+import json, sys
+from ascend_graph_patch import sim
+IMPORT_FIRST = sys.argv[1] == "import-first"
+ENABLE = sys.argv[2]
+import vllm_ascend.ops  # noqa: F401
+if IMPORT_FIRST:
+    import vllm_ascend.attention.attention_v1  # noqa: F401
+    import vllm_ascend.compilation.acl_graph  # noqa: F401
+if ENABLE != "-":
+    from ascend_graph_patch import activation
+    activation.enable(ENABLE)
+    activation.enable(ENABLE)  # twice: idempotent
+from ascend_graph_patch import _bootstrap
+_bootstrap.bootstrap()  # the vLLM plugin entry point after the .pth: idempotent
+import vllm_ascend.attention.attention_v1 as attn
+import vllm_ascend.compilation.acl_graph as acl
+impl = attn.AscendAttentionBackendImpl.__dict__["update_graph_params"]
+call = acl.ACLGraphWrapper.__dict__["__call__"]
+def wrapped(obj):
+    return type(obj).__name__ == "FunctionWrapper"
+print(json.dumps({
+    "update_wrapped": wrapped(impl),
+    "double_wrapped": wrapped(getattr(impl, "__wrapped__", None)),
+    "call_wrapped": wrapped(call),
+    "activation_loaded": "ascend_graph_patch.activation" in sys.modules,
+    "wrapt_loaded": "wrapt" in sys.modules,
+    "installed": (sys.modules["ascend_graph_patch.activation"].installed()
+                  if "ascend_graph_patch.activation" in sys.modules else []),
+}))
+"""
+
+
+def probe(env_mode: str, order: str, enable: str = "-") -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
+    env.update(ASCEND_GRAPH_PATCH=env_mode, ASCEND_GRAPH_PATCH_SIM="1", VLLM_PLUGINS="ascend")
+    proc = subprocess.run([sys.executable, "-c", PROBE, order, enable], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("order", ["import-first", "enable-first"])
+def test_enabled_by_environment_installs_once_whatever_the_order(order: str) -> None:
+    out = probe("on", order)
+    assert out["update_wrapped"] and out["call_wrapped"] and not out["double_wrapped"]
+    assert len(out["installed"]) == len(set(out["installed"])) == 7
+
+
+def test_enabled_in_process_after_import_installs_immediately() -> None:
+    out = probe("off", "import-first", enable="on")
+    assert out["update_wrapped"] and not out["double_wrapped"]
+
+
+def test_toggle_off_wraps_nothing_and_loads_nothing() -> None:
+    out = probe("off", "import-first")
+    assert out == {
+        "update_wrapped": False,
+        "double_wrapped": False,
+        "call_wrapped": False,
+        "activation_loaded": False,
+        "wrapt_loaded": False,
+        "installed": [],
+    }
+
+
+def test_unpatch_restores_the_original_attributes() -> None:
+    importlib.import_module("vllm_ascend.ops")
+    attn = importlib.import_module("vllm_ascend.attention.attention_v1")
+    acl = importlib.import_module("vllm_ascend.compilation.acl_graph")
+    impl = attn.AscendAttentionBackendImpl
+    before = (impl.__dict__["update_graph_params"], impl.__dict__["forward"],
+              acl.ACLGraphWrapper.__dict__["__call__"])  # fmt: skip
+    activation.enable("verify")
+    try:
+        assert impl.__dict__["update_graph_params"] is not before[0]
+        assert "verify.fia" in activation.installed()
+    finally:
+        activation.disable()
+    after = (impl.__dict__["update_graph_params"], impl.__dict__["forward"],
+             acl.ACLGraphWrapper.__dict__["__call__"])  # fmt: skip
+    assert all(a is b for a, b in zip(before, after, strict=True))
+    assert activation.installed() == []
