@@ -1,0 +1,797 @@
+"""Graph semantics of the simulated ``torch_npu``: capture, replay, task groups, updates, events.
+
+Execution model (see DESIGN.md section 6):
+
+* Outside a capture, ops run at once on the host (streams are ordering tokens only), except that a
+  stream whose queue holds blocked work queues further runtime launches behind it.
+* While a graph captures, every aten op is recorded by a ``TorchDispatchMode``. Each recorded op is
+  also run once at capture ("warm-up") so that its outputs exist with the right shapes, strides and
+  addresses: callers hold those tensors (by address) exactly as they hold graph-pool memory on
+  hardware. At replay the op is re-run and its results are written into the recorded outputs;
+  in-place and ``out=`` ops simply re-run, view ops are not recorded (their outputs alias recorded
+  storage already). Host-side code around the ops (Python, ``.tolist()``) runs only at capture, as
+  on hardware.
+* Simulated NPU ops (``make_op``) are one task each; the aten ops they run internally are not
+  recorded separately. Inside an update scope, a launch does not run: it replaces the launch
+  arguments of the task group's op task.
+* ``ExternalEvent.wait``/``reset`` captured in a graph become gate tasks. ``replay()`` queues the
+  graph's tasks on the current stream and runs them up to the first gate whose event is not
+  recorded; ``record`` releases it. Any synchronisation point drains and raises ``SimulatorError``
+  if work is still blocked (hardware would hang). The simulator never blocks the host.
+
+Single-threaded by design: the runner's capture/replay/update path is driven from one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class SimulatorError(RuntimeError):
+    """A misuse that real hardware would punish (error, hang or deadlock)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Process-global state (``reset()`` restores it).
+
+
+class _State:
+    def __init__(self) -> None:
+        self.null_cost = False
+        self.capturing: NPUGraph | None = None
+        self.capture_mode: _CaptureMode | None = None
+        self.group: list[_Task] | None = None  # tasks of the open task group
+        self.group_op_name: str | None = None
+        self.update_handle: _NPUTaskGroupHandle | None = None
+        self.update_done = False
+        self.executing = 0  # >0 while the runtime itself runs tasks (no recording)
+        self.default_stream = Stream(_default=True)
+        self.current_stream = self.default_stream
+        self.busy: list[Stream] = []  # streams with queued work, in launch order
+        self.counters = dict.fromkeys(_COUNTER_NAMES, 0)
+
+
+_COUNTER_NAMES = (
+    "captures", "replays", "updates", "records", "op_launches", "tasks_run", "group_handles",
+)
+_handle_ids = itertools.count(1)
+_graph_ids = itertools.count(1)
+_pool_ids = itertools.count(1)
+_S: _State  # set at the bottom of the module
+
+
+def reset() -> None:
+    """Forget every graph, queue, scope and counter (test isolation)."""
+    global _S
+    if _S.capture_mode is not None:
+        with contextlib.suppress(Exception):
+            _S.capture_mode.__exit__(None, None, None)
+    _HANDLES.clear()
+    _S = _State()
+
+
+def stats() -> dict[str, int]:
+    """Counters since the last ``reset()``: captures, replays, updates, records, ..."""
+    return dict(_S.counters)
+
+
+def set_null_cost(enabled: bool) -> None:
+    """Make runtime calls record the minimum and compute nothing (host-overhead benchmarks)."""
+    _S.null_cost = bool(enabled)
+
+
+def is_null_cost() -> bool:
+    return _S.null_cost
+
+
+@contextlib.contextmanager
+def null_cost(enabled: bool = True) -> Iterator[None]:
+    """Context form of ``set_null_cost``."""
+    previous = _S.null_cost
+    _S.null_cost = enabled
+    try:
+        yield
+    finally:
+        _S.null_cost = previous
+
+
+# --------------------------------------------------------------------------------------------
+# Tasks
+
+
+class _Task:
+    """One unit of device work: a callable with its (replaceable) launch arguments."""
+
+    __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim")
+    kind = "op"
+
+    def __init__(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                 outputs: list[torch.Tensor] | None = None) -> None:
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        # Tensors the result must be written into (functional aten ops); None: the op writes
+        # its own outputs (in-place / out= / simulated NPU op) and the result is dropped.
+        self.outputs = outputs
+        self.sim = False  # a simulated NPU op (the one a task-group update may replace)
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self) -> None:
+        result = self.fn(*self.args, **self.kwargs)
+        if self.outputs is not None:
+            new, _ = tree_flatten(result)
+            new = [t for t in new if isinstance(t, torch.Tensor)]
+            if len(new) != len(self.outputs):
+                raise SimulatorError(f"replayed op {self.name} changed its number of outputs")
+            for dst, src in zip(self.outputs, new, strict=True):
+                if dst.shape != src.shape:
+                    raise SimulatorError(
+                        f"replayed op {self.name} produced shape {tuple(src.shape)}, captured "
+                        f"{tuple(dst.shape)} (data-dependent shapes cannot be graph-captured)"
+                    )
+                dst.copy_(src)
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
+
+
+class _GateTask(_Task):
+    """``ExternalEvent.wait``: passes only once the event is recorded."""
+
+    __slots__ = ("event",)
+    kind = "gate"
+
+    def __init__(self, event: ExternalEvent) -> None:
+        super().__init__("ExternalEvent.wait", _noop, (), {})
+        self.event = event
+
+    def ready(self) -> bool:
+        return self.event._recorded
+
+    def run(self) -> None:
+        self.event._pending -= 1
+
+
+class _ResetTask(_Task):
+    __slots__ = ("event",)
+    kind = "reset"
+
+    def __init__(self, event: ExternalEvent) -> None:
+        super().__init__("ExternalEvent.reset", _noop, (), {})
+        self.event = event
+
+    def run(self) -> None:
+        self.event._recorded = False
+
+
+class _RecordTask(_Task):
+    """An ``ExternalEvent.record`` queued behind blocked work on its stream."""
+
+    __slots__ = ("event",)
+    kind = "record"
+
+    def __init__(self, event: ExternalEvent) -> None:
+        super().__init__("ExternalEvent.record", _noop, (), {})
+        self.event = event
+
+    def run(self) -> None:
+        self.event._do_record()
+
+
+class _StreamWaitTask(_Task):
+    """``Stream.wait_stream`` / ``wait_event``: passes once ``stream`` completed ``target``."""
+
+    __slots__ = ("stream", "target")
+    kind = "stream_wait"
+
+    def __init__(self, stream: Stream, target: int) -> None:
+        super().__init__("Stream.wait_stream", _noop, (), {})
+        self.stream = stream
+        self.target = target
+
+    def ready(self) -> bool:
+        return self.stream._completed >= self.target
+
+
+def _noop(*_a: Any, **_k: Any) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Streams and events
+
+
+class Stream:
+    """A simulated NPU stream: an ordering token with a queue for blocked work."""
+
+    def __init__(self, device: Any = None, priority: int = 0, _default: bool = False,
+                 **_kw: Any) -> None:
+        self.priority = priority
+        self.device = torch.device("cpu")
+        self._queue: deque[_Task] = deque()
+        self._launched = 0
+        self._completed = 0
+        self._default = _default
+        self.npu_stream = id(self)
+
+    # Launch ``task`` after everything queued on this stream (runs now if nothing is queued).
+    def _launch(self, task: _Task) -> None:
+        if not self._queue and task.ready():
+            self._launched += 1
+            _run_task(task)
+            self._completed += 1
+            return
+        self._queue.append(task)
+        self._launched += 1
+        if self not in _S.busy:
+            _S.busy.append(self)
+        _drain()
+
+    def _blocked(self) -> bool:
+        return bool(self._queue)
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Order later work here after all work launched on ``stream`` so far."""
+        if _S.capturing is not None or stream is self or not stream._queue:
+            return
+        self._launch(_StreamWaitTask(stream, stream._launched))
+
+    def wait_event(self, event: Event) -> None:
+        event.wait(self)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        """Sync point: drain; blocked work here would hang the host on hardware."""
+        if _S.null_cost:
+            return
+        _drain()
+        if self._queue:
+            _report_blocked([self], "Stream.synchronize()")
+
+    def query(self) -> bool:
+        return not self._queue
+
+    def __repr__(self) -> str:
+        name = "default" if self._default else hex(id(self))
+        return f"<sim npu Stream {name} queued={len(self._queue)}>"
+
+
+class Event:
+    """Plain ``torch.npu.Event``: a marker at a stream position."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, **_kw: Any) -> None:
+        self._stream: Stream | None = None
+        self._target = 0
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or _S.current_stream
+        self._stream, self._target = stream, stream._launched
+
+    def wait(self, stream: Stream | None = None) -> None:
+        stream = stream or _S.current_stream
+        if _S.capturing is not None or self._stream is None or self.query():
+            return
+        stream._launch(_StreamWaitTask(self._stream, self._target))
+
+    def query(self) -> bool:
+        return self._stream is None or self._stream._completed >= self._target
+
+    def synchronize(self) -> None:
+        _drain()
+        if not self.query():
+            _report_blocked([self._stream], "Event.synchronize()")
+
+    def elapsed_time(self, end_event: Event) -> float:
+        return 0.0
+
+
+class ExternalEvent:
+    """``torch.npu.ExternalEvent``: a host-recordable event a stream (or a graph) can wait on."""
+
+    def __init__(self) -> None:
+        self._recorded = False
+        self._pending = 0  # queued wait gates not yet passed
+
+    def wait(self, stream: Stream | None = None) -> None:
+        gate = _GateTask(self)
+        if _S.capturing is not None:
+            _S.capturing._record(gate)
+            return
+        self._pending += 1
+        (stream or _S.current_stream)._launch(gate)
+
+    def reset(self, stream: Stream | None = None) -> None:
+        task = _ResetTask(self)
+        if _S.capturing is not None:
+            _S.capturing._record(task)
+            return
+        (stream or _S.current_stream)._launch(task)
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Release the pending (or next) wait; a second record before its reset is an error."""
+        _S.counters["records"] += 1
+        if _S.null_cost:
+            return
+        if _S.capturing is not None:
+            raise SimulatorError("ExternalEvent.record during graph capture is not simulated")
+        stream = stream or _S.current_stream
+        if not stream._queue:
+            self._do_record()
+            return
+        task = _RecordTask(self)
+        stream._launch(task)
+        if task in stream._queue:
+            _check_deadlock(stream)
+
+    def _do_record(self) -> None:
+        # A record ahead of its wait is legal (vllm-ascend's ENPU order: update, then replay):
+        # the event stays recorded until the captured reset. A second record before that
+        # reset (twice for one wait) is the error.
+        if self._recorded:
+            raise SimulatorError(
+                "double record: ExternalEvent recorded again before its wait/reset consumed "
+                f"the previous record ({self._pending} wait(s) pending)"
+            )
+        self._recorded = True
+        _drain()
+
+
+def _run_task(task: _Task) -> None:
+    _S.executing += 1
+    try:
+        with torch.inference_mode():
+            task.run()
+    finally:
+        _S.executing -= 1
+    _S.counters["tasks_run"] += 1
+
+
+def _drain() -> None:
+    """Run every stream's queue as far as its gates allow."""
+    progress = True
+    while progress and _S.busy:
+        progress = False
+        for stream in list(_S.busy):
+            queue = stream._queue
+            while queue and queue[0].ready():
+                task = queue.popleft()
+                _run_task(task)
+                stream._completed += 1
+                progress = True
+            if not queue and stream in _S.busy:
+                _S.busy.remove(stream)
+
+
+def _head_blockers(stream: Stream) -> list[Stream]:
+    """Streams whose progress would unblock ``stream``'s head task."""
+    head = stream._queue[0]
+    if isinstance(head, _StreamWaitTask):
+        return [head.stream]
+    if isinstance(head, _GateTask):
+        return [s for s in _S.busy
+                if any(isinstance(t, _RecordTask) and t.event is head.event for t in s._queue)]
+    return []
+
+
+def _check_deadlock(start: Stream) -> None:
+    """Raise if ``start``'s blocked work waits (transitively) on itself."""
+    seen: list[Stream] = []
+    frontier = [start]
+    while frontier:
+        stream = frontier.pop()
+        if stream in seen or not stream._queue:
+            continue
+        seen.append(stream)
+        for nxt in _head_blockers(stream):
+            if nxt is start:
+                _discard(seen)
+                raise SimulatorError(
+                    "deadlock (would hang on hardware): a stream waits on a stream whose "
+                    "replay is blocked on an ExternalEvent that only the first stream records "
+                    "(e.g. update_stream.wait_stream(main) after replay, before the record)"
+                )
+            frontier.append(nxt)
+
+
+def _discard(streams: list[Stream]) -> None:
+    """After reporting blocked work, drop it so later tests and calls are not poisoned."""
+    for stream in streams:
+        for task in stream._queue:
+            if isinstance(task, _GateTask):
+                task.event._pending -= 1
+        stream._completed += len(stream._queue)
+        stream._queue.clear()
+        if stream in _S.busy:
+            _S.busy.remove(stream)
+
+
+def _report_blocked(streams: list[Stream], where: str) -> None:
+    blocked = [(s, s._queue[0]) for s in streams if s._queue]
+    detail = "; ".join(f"{s!r} blocked at {head!r}" for s, head in blocked)
+    deadlock = any(_head_blockers(s) for s, _ in blocked)
+    _discard([s for s, _ in blocked])
+    kind = "deadlock" if deadlock else "blocked"
+    raise SimulatorError(
+        f"{where}: {kind}, work is still blocked (would hang on hardware: an ExternalEvent "
+        f"wait was never recorded): {detail}"
+    )
+
+
+def synchronize(device: Any = None) -> None:
+    """Device-wide sync point: drain everything, raise if anything stays blocked."""
+    if _S.null_cost:
+        return
+    _drain()
+    if _S.busy:
+        _report_blocked(list(_S.busy), "synchronize()")
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _S.current_stream
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _S.default_stream
+
+
+def set_stream(stream: Stream) -> None:
+    _S.current_stream = stream
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """Make ``s`` the current stream (``None``: no-op, as in torch)."""
+    if s is None:
+        yield s
+        return
+    previous = _S.current_stream
+    _S.current_stream = s
+    try:
+        yield s
+    finally:
+        _S.current_stream = previous
+
+
+# --------------------------------------------------------------------------------------------
+# Graphs
+
+
+class _CaptureMode(TorchDispatchMode):
+    """Records every aten op launched while a graph captures (and runs it once: warm-up)."""
+
+    def __init__(self, graph: NPUGraph) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if _S.executing or _S.capturing is not self.graph:
+            return out
+        kind = _op_kind(func)
+        if kind == "skip":
+            return out
+        if kind == "mutating":
+            self.graph._record(_Task(str(func), func, args, kwargs))
+            return out
+        flat, _ = tree_flatten(out)
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        if tensors:
+            self.graph._record(_Task(str(func), func, args, kwargs, tensors))
+        return out
+
+
+_KIND_CACHE: dict[Any, str] = {}
+# Allocation-only ops: memory comes from the graph pool at capture, no kernel runs at replay.
+_ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def _op_kind(func: Any) -> str:
+    kind = _KIND_CACHE.get(func)
+    if kind is not None:
+        return kind
+    schema = func._schema
+    if func._opname in _ALLOC_OPS:
+        kind = "skip"
+    elif any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        kind = "mutating"
+    elif any(r.alias_info is not None for r in schema.returns):
+        kind = "skip"  # a view: aliases storage that recorded ops keep up to date
+    else:
+        kind = "functional"
+    _KIND_CACHE[func] = kind
+    return kind
+
+
+class NPUGraph:
+    """A captured task list; ``replay()`` queues it on the current stream."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._tasks: list[_Task] = []
+        self._groups: dict[int, list[_Task]] = {}
+        self._captured = False
+        self._pool: tuple[int, int] | None = None
+        self._last: tuple[Stream, int] | None = None  # stream and target of the last replay
+        self._id = next(_graph_ids)
+
+    def _record(self, task: _Task) -> None:
+        if _S.group is not None:
+            _S.group.append(task)
+        self._tasks.append(task)
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        if _S.capturing is not None:
+            raise SimulatorError("nested graph capture: a graph is already capturing")
+        if self._captured:
+            raise SimulatorError("NPUGraph.capture_begin on an already captured graph (reset it)")
+        self._pool = pool if pool is not None else graph_pool_handle()
+        _S.capturing = self
+        _S.capture_mode = _CaptureMode(self)
+        _S.capture_mode.__enter__()
+
+    def capture_end(self) -> None:
+        if _S.capturing is not self:
+            raise SimulatorError("NPUGraph.capture_end without a matching capture_begin")
+        if _S.group is not None:
+            raise SimulatorError("capture ended inside an open graph task group")
+        mode, _S.capture_mode, _S.capturing = _S.capture_mode, None, None
+        mode.__exit__(None, None, None)
+        self._captured = True
+        _S.counters["captures"] += 1
+
+    def replay(self) -> None:
+        """Queue the tasks on the current stream; run them up to the first unrecorded gate."""
+        if _S.capturing is not None:
+            raise SimulatorError("NPUGraph.replay during graph capture")
+        if not self._captured:
+            raise SimulatorError("NPUGraph.replay before capture_end")
+        _S.counters["replays"] += 1
+        if _S.null_cost:
+            return
+        if self._last is not None:  # the previous replay of this graph must have finished
+            last_stream, target = self._last
+            _drain()
+            if last_stream._completed < target:
+                _report_blocked([last_stream], "NPUGraph.replay() (previous replay)")
+        s = _S.current_stream
+        queue = s._queue
+        for task in self._tasks:
+            if isinstance(task, _GateTask):
+                task.event._pending += 1
+            queue.append(task)
+        s._launched += len(self._tasks)
+        self._last = (s, s._launched)
+        if queue and s not in _S.busy:
+            _S.busy.append(s)
+        _drain()
+
+    def reset(self) -> None:
+        self._tasks.clear()
+        for gid in self._groups:
+            _HANDLES.pop(gid, None)
+        self._groups.clear()
+        self._captured = False
+        self._last = None
+
+    def pool(self) -> tuple[int, int] | None:
+        return self._pool
+
+    def enable_debug_mode(self) -> None:
+        return None
+
+    def debug_dump(self, debug_path: str | None = None) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<sim NPUGraph #{self._id} tasks={len(self._tasks)}>"
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    return (0, next(_pool_ids))
+
+
+class graph:  # noqa: N801 - torch API name
+    """``torch.npu.graph(g, pool=None, stream=None)``: capture on ``stream`` (a side stream)."""
+
+    default_capture_stream: Stream | None = None
+
+    def __init__(self, npu_graph: NPUGraph, pool: Any = None, stream: Stream | None = None,
+                 capture_error_mode: str = "global") -> None:
+        if stream is None:
+            if graph.default_capture_stream is None:
+                graph.default_capture_stream = Stream()
+            stream = graph.default_capture_stream
+        self.npu_graph = npu_graph
+        self.pool = pool
+        self.capture_stream = stream
+        self.capture_error_mode = capture_error_mode
+        self._previous: Stream | None = None
+
+    def __enter__(self) -> None:
+        synchronize()
+        self._previous = _S.current_stream
+        _S.current_stream = self.capture_stream
+        try:
+            self.npu_graph.capture_begin(self.pool, capture_error_mode=self.capture_error_mode)
+        except BaseException:
+            _S.current_stream = self._previous
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if _S.capturing is self.npu_graph:
+                self.npu_graph.capture_end()
+        finally:
+            _S.current_stream = self._previous
+
+
+def is_current_stream_capturing() -> bool:
+    return _S.capturing is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Task groups and updates
+
+
+class _NPUTaskGroupHandle:
+    """Opaque handle of a captured task group (``torch_npu._C._NPUTaskGroupHandle``)."""
+
+    __slots__ = ("_id",)
+
+    def __init__(self, _id: int = 0) -> None:
+        self._id = _id
+
+    def __repr__(self) -> str:
+        return f"<NPUTaskGroupHandle {self._id}>"
+
+
+# handle id -> (graph, task list) of every live task group
+_HANDLES: dict[int, tuple[NPUGraph | None, list[_Task]]] = {}
+
+
+def graph_task_group_begin(stream: Stream | None = None) -> None:
+    if _S.null_cost:
+        _S.group = []
+        return
+    if _S.capturing is None:
+        raise SimulatorError("graph_task_group_begin outside a graph capture")
+    if _S.group is not None:
+        raise SimulatorError("nested graph_task_group_begin")
+    _S.group = []
+
+
+def graph_task_group_end(stream: Stream | None = None) -> _NPUTaskGroupHandle:
+    if _S.group is None:
+        raise SimulatorError("graph_task_group_end without graph_task_group_begin")
+    tasks, _S.group = _S.group, None
+    handle = _NPUTaskGroupHandle(next(_handle_ids))
+    _S.counters["group_handles"] += 1
+    _HANDLES[handle._id] = (_S.capturing, tasks)
+    if _S.capturing is not None:
+        _S.capturing._groups[handle._id] = tasks
+    return handle
+
+
+def graph_task_update_begin(stream: Stream | None, handle: _NPUTaskGroupHandle) -> None:
+    if _S.null_cost:
+        _S.update_handle = handle
+        return
+    if _S.update_handle is not None:
+        raise SimulatorError("nested graph_task_update_begin")
+    if _S.capturing is not None:
+        raise SimulatorError("graph_task_update_begin during graph capture")
+    if not isinstance(handle, _NPUTaskGroupHandle) or handle._id not in _HANDLES:
+        raise SimulatorError(
+            f"graph_task_update_begin with an unknown task group handle {handle!r}"
+        )
+    _S.update_handle = handle
+    _S.update_done = False
+
+
+def graph_task_update_end(stream: Stream | None = None) -> None:
+    if _S.null_cost:
+        _S.update_handle = None
+        _S.counters["updates"] += 1
+        return
+    if _S.update_handle is None:
+        raise SimulatorError("graph_task_update_end outside an update scope")
+    done, _S.update_handle = _S.update_done, None
+    if not done:
+        raise SimulatorError("update scope closed without an op launch to update the task with")
+    _S.counters["updates"] += 1
+
+
+def _apply_update(name: str, args: tuple, kwargs: dict) -> None:
+    handle = _S.update_handle
+    _, tasks = _HANDLES[handle._id]
+    ops = [t for t in tasks if t.sim]
+    if not ops:
+        raise SimulatorError(f"task group {handle!r} holds no simulated op task to update")
+    if _S.update_done:
+        raise SimulatorError("a second op launch inside one update scope")
+    task = ops[0]
+    if task.name != name:
+        raise SimulatorError(
+            f"update-scope op mismatch: task group {handle!r} captured {task.name!r}, "
+            f"the update launched {name!r}"
+        )
+    task.args, task.kwargs = args, kwargs
+    _S.update_done = True
+
+
+# --------------------------------------------------------------------------------------------
+# Simulated NPU ops
+
+
+class SimOp:
+    """A simulated NPU op: one task when captured, an arg update inside an update scope."""
+
+    __slots__ = ("name", "fn", "out", "__wrapped__")
+
+    def __init__(self, name: str, fn: Callable[..., Any], out: SimOp | None = None) -> None:
+        self.name = name
+        self.fn = fn
+        self.out = out
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        s = _S
+        if s.update_handle is not None:
+            s.counters["op_launches"] += 1
+            if s.null_cost:
+                return None
+            _apply_update(self.name, args, kwargs)
+            return None
+        if s.null_cost:
+            s.counters["op_launches"] += 1
+            return kwargs.get("out")
+        if s.executing:
+            return self.fn(*args, **kwargs)
+        s.counters["op_launches"] += 1
+        if s.capturing is not None:
+            task = _Task(self.name, self.fn, args, kwargs)
+            task.sim = True
+            s.capturing._record(task)
+            s.executing += 1  # warm-up run; its inner aten ops are not recorded
+            try:
+                return self.fn(*args, **kwargs)
+            finally:
+                s.executing -= 1
+        current = s.current_stream
+        if current._queue:
+            # Queued behind blocked work, as on the device: run now for the result's shapes
+            # (stale values), re-run when the queue reaches it, writing into the same tensors.
+            result = self.fn(*args, **kwargs)
+            outputs = None
+            if "out" not in kwargs:
+                outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+            current._launch(_Task(self.name, self.fn, args, kwargs, outputs))
+            return result
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<sim op {self.name}>"
+
+
+def make_op(name: str, fn: Callable[..., Any], out: SimOp | None = None) -> SimOp:
+    """Wrap a reference op ``fn`` as a launchable simulated NPU op named ``name``."""
+    return SimOp(name, fn, out)
+
+
+_S = _State()

@@ -1,0 +1,31 @@
+"""Root conftest: environment for the CPU test stack, then the simulator as ``torch_npu``.
+
+Runs before any test module imports vLLM: ``vllm.config`` (through vLLM's platform plugin
+discovery) imports vllm_ascend and with it ``torch_npu``, which must already be the simulator.
+Harness fixtures live in ``tests/``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+os.environ.setdefault("ASCEND_GRAPH_PATCH_SIM", "1")  # subprocesses get the simulator too
+os.environ.setdefault("VLLM_PLUGINS", "ascend")  # platform plugin only (research item 8)
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+if not os.environ.get("VLLM_CACHE_ROOT"):
+    # A fresh cache makes vLLM's model-inspection subprocess run cold (research item 7).
+    _cache = tempfile.mkdtemp(prefix="agp-vllm-cache-")
+    os.environ["VLLM_CACHE_ROOT"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+import torch  # noqa: E402
+
+import ascend_graph_patch.sim  # noqa: E402
+
+# The simulated kernels are many tiny CPU ops: intra-op thread hand-off costs more than it saves,
+# and one thread keeps every run's float results identical.
+torch.set_num_threads(1)
+ascend_graph_patch.sim.install()
