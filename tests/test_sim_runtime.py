@@ -332,3 +332,48 @@ def test_reset_forgets_state(rt: Any, toy: Any) -> None:
     assert rt.stats()["replays"] == 0
     with pytest.raises(SimulatorError, match="unknown task group handle"):
         npu.graph_task_update_begin(npu.Stream(), handle)
+
+
+def test_copy_that_may_alias_is_replayed_under_inference_mode() -> None:
+    """aten.to.dtype under inference_mode has an aliasing schema but copies: it must re-run."""
+    pos = torch.zeros(8, dtype=torch.int64)
+    out = torch.zeros(4, 3)
+    freqs = torch.linspace(0, 1, 3)
+    graph = torch.npu.NPUGraph()
+    with torch.inference_mode(), torch.npu.graph(graph):
+        out[:] = torch.sin(pos[:4].to(torch.float32).unsqueeze(-1) * freqs)
+    pos[:4] = torch.tensor([1, 2, 3, 4])
+    graph.replay()
+    torch.npu.synchronize()
+    assert torch.allclose(out[:, 2], torch.sin(torch.tensor([1.0, 2.0, 3.0, 4.0])))
+
+
+def test_host_lengths_are_frozen_at_launch_until_the_next_task_update() -> None:
+    """Host lists / CPU tensors given to an op are baked into the captured task, as on device."""
+    seen: list[list[int]] = []
+
+    def op(*, context_lens, out):
+        seen.append(list(map(int, context_lens)))
+        out.fill_(float(sum(map(int, context_lens))))
+
+    sim_op = runtime.make_op("_npu_paged_attention", op)
+    lens = torch.tensor([1, 2])
+    out = torch.zeros(1)
+    graph = torch.npu.NPUGraph()
+    stream = torch.npu.current_stream()
+    with torch.npu.graph(graph):
+        torch.npu.graph_task_group_begin(stream)
+        sim_op(context_lens=lens, out=out)
+        handle = torch.npu.graph_task_group_end(stream)
+    lens[:] = torch.tensor([5, 5])  # the runner mutates its host buffer in place
+    graph.replay()
+    torch.npu.synchronize()
+    assert float(out) == 3.0  # the launch still has the captured values: stale without an update
+    update = torch.npu.Stream()
+    torch.npu.graph_task_update_begin(update, handle)
+    sim_op(context_lens=lens, out=out)
+    torch.npu.graph_task_update_end(update)
+    lens[:] = torch.tensor([7, 7])
+    graph.replay()
+    torch.npu.synchronize()
+    assert float(out) == 10.0  # the update's values, not the later mutation

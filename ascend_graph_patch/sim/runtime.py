@@ -485,7 +485,9 @@ class _CaptureMode(TorchDispatchMode):
         if _S.executing or _S.capturing is not self.graph:
             return out
         kind = _op_kind(func)
-        if kind == "skip":
+        if kind == "view" and _fresh_output(args, out):
+            kind = "functional"  # e.g. aten.to.dtype under inference_mode: "may alias", copied
+        if kind in ("skip", "view"):
             return out
         if kind == "mutating":
             self.graph._record(_Task(str(func), func, args, kwargs))
@@ -512,11 +514,20 @@ def _op_kind(func: Any) -> str:
     elif any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         kind = "mutating"
     elif any(r.alias_info is not None for r in schema.returns):
-        kind = "skip"  # a view: aliases storage that recorded ops keep up to date
+        kind = "view"  # aliases storage that recorded ops keep up to date (unless it copied)
     else:
         kind = "functional"
     _KIND_CACHE[func] = kind
     return kind
+
+
+def _fresh_output(args: tuple, out: Any) -> bool:
+    """True when an op whose schema *may* alias returned new storage instead of a view."""
+    inputs = {
+        t.untyped_storage().data_ptr() for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)
+    }
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return bool(outs) and all(t.untyped_storage().data_ptr() not in inputs for t in outs)
 
 
 class NPUGraph:
@@ -731,12 +742,44 @@ def _apply_update(name: str, args: tuple, kwargs: dict) -> None:
             f"update-scope op mismatch: task group {handle!r} captured {task.name!r}, "
             f"the update launched {name!r}"
         )
-    task.args, task.kwargs = args, kwargs
+    task.args, task.kwargs = args, freeze_host_args(name, kwargs)
     _S.update_done = True
 
 
 # --------------------------------------------------------------------------------------------
 # Simulated NPU ops
+
+# Launch arguments that live on the host: the device task keeps the values they had at launch
+# (capture or task update), so a later change to the Python list or CPU tensor is not seen until
+# the next task update. This is why the stock update must relaunch with fresh lengths.
+HOST_ARGS: dict[str, tuple[str, ...]] = {
+    "npu_fused_infer_attention_score": ("actual_seq_lengths", "actual_seq_lengths_kv"),
+    "npu_fused_infer_attention_score_v2": ("actual_seq_qlen", "actual_seq_kvlen"),
+    "_npu_paged_attention": ("context_lens",),
+}
+
+
+def freeze_host_args(name: str, kwargs: dict) -> dict:
+    """Copy the host-side arguments of a launch of op ``name`` (``.out`` variants included)."""
+    names = HOST_ARGS.get(name.removesuffix(".out"))
+    if not names:
+        return kwargs
+    frozen = dict(kwargs)
+    _S.executing += 1  # the copies are host work, not device tasks: keep them out of the graph
+    try:
+        _freeze(frozen, names)
+    finally:
+        _S.executing -= 1
+    return frozen
+
+
+def _freeze(frozen: dict, names: tuple[str, ...]) -> None:
+    for arg in names:
+        value = frozen.get(arg)
+        if isinstance(value, torch.Tensor):
+            frozen[arg] = value.clone()
+        elif isinstance(value, (list, tuple)):
+            frozen[arg] = list(value)
 
 
 class SimOp:
@@ -765,7 +808,7 @@ class SimOp:
             return self.fn(*args, **kwargs)
         s.counters["op_launches"] += 1
         if s.capturing is not None:
-            task = _Task(self.name, self.fn, args, kwargs)
+            task = _Task(self.name, self.fn, args, freeze_host_args(self.name, kwargs))
             task.sim = True
             s.capturing._record(task)
             s.executing += 1  # warm-up run; its inner aten ops are not recorded
