@@ -1,0 +1,171 @@
+"""Named workloads for the simulated decode harness.
+
+Each scenario picks one branch of vllm-ascend 0.23.0.post1's graph capture / update code (FIA,
+FIA with a sliding window, FIA v2 with learnable sinks, paged attention, the Gemma4 layer-aware
+replay, a hybrid model whose metadata dict carries non-attention keys). The observed behaviour of
+the STOCK update path is recorded on each scenario (``stock``) with its evidence; the tests in
+``tests/test_real_code.py`` assert exactly that behaviour, so the notes cannot silently go stale.
+
+Observed on the simulator (fp32, replay vs the same real code run eagerly, 100-200 random steps):
+
+=====================  ======================================================================
+dense_gqa              ok, max |replay - eager| 4.8e-07
+dense_full             ok, 7.2e-07 (FULL mode: one dummy request carries the padding)
+dense_enpu             ok, 7.2e-07 (update before replay)
+sliding_window         ok, 7.2e-07 (captured block table kept for the window layer)
+sinks                  ok, 4.8e-07 (FIA v2 branch, ``_EXTRA_CTX.sinks``)
+paged_attention        ok, 3.6e-07 (PA at sizes 4/16, FIA at 8)
+gemma4_fia             ok, 8.6e-07 (layer-aware replay by tuple[21] layer name, KV sharing)
+gemma4_mixed           CRASH in the stock update: ``ValueError: not enough values to unpack
+                       (expected 22, got 9)`` (attention_v1.py:715, first replayed step)
+hybrid_linear_grouped  ok, 1.2e-06 (same model, group-major keys: attention first)
+hybrid_linear          CRASH in the stock update: ``AttributeError: 'LinearAttnMetadata' object
+                       has no attribute 'seq_lens_list'`` (attention_v1.py:751, first step)
+=====================  ======================================================================
+
+Without the update (events recorded, arguments left as last launched) every correct scenario
+differs from eager by 0.2-3.3 (``paged_attention`` included: the simulator freezes PA's host
+``context_lens`` at launch, as hardware does, although the runner passes a view of its persistent
+``optimistic_seq_lens_cpu`` buffer).
+"""
+
+from __future__ import annotations
+
+from ascend_graph_patch.sim.harness import LayerSpec, Scenario
+
+
+def _attn(i: int) -> str:
+    return f"model.layers.{i}.self_attn.attn"
+
+
+def _linear(i: int) -> str:
+    # Qwen3-Next style GDN layer prefix; it sits in attn_metadata but captures no attention task.
+    return f"model.layers.{i}.linear_attn"
+
+
+_HYBRID_LAYERS = (
+    LayerSpec(_linear(0), kind="linear"),
+    LayerSpec(_attn(1)),
+    LayerSpec(_linear(2), kind="linear"),
+    LayerSpec(_attn(3)),
+    LayerSpec(_linear(4), kind="linear"),
+    LayerSpec(_attn(5)),
+)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="dense_gqa",
+            layers=tuple(LayerSpec(_attn(i)) for i in range(4)),
+            stock="ok",
+        ),
+        Scenario(
+            # FULL (not FULL_DECODE_ONLY): the runner pads with ONE dummy request holding all
+            # padding tokens (kv length 0): the FIA batch size changes between capture and replay.
+            name="dense_full",
+            layers=tuple(LayerSpec(_attn(i)) for i in range(3)),
+            compilation_mode="FULL",
+            stock="ok",
+        ),
+        Scenario(
+            # ENPU / 310P ordering: synchronize, update (records every event), then replay.
+            name="dense_enpu",
+            layers=tuple(LayerSpec(_attn(i)) for i in range(3)),
+            update_order="update_then_replay",
+            stock="ok",
+        ),
+        Scenario(
+            name="sliding_window",
+            layers=(
+                LayerSpec(_attn(0)),
+                LayerSpec(_attn(1), sliding_window=64),
+                LayerSpec(_attn(2)),
+            ),
+            max_kv_len=384,
+            stock="ok",
+        ),
+        Scenario(
+            name="sinks",
+            layers=tuple(LayerSpec(_attn(i), sinks=True) for i in range(3)),
+            stock="ok",
+        ),
+        Scenario(
+            # PA for the graph sizes in pa_shape_list (4, 16), FIA for size 8: the update picks
+            # its branch per replayed size. The eager reference (unpadded) mostly runs FIA.
+            name="paged_attention",
+            layers=tuple(LayerSpec(_attn(i), num_heads=8, num_kv_heads=8) for i in range(3)),
+            pa_shape_list=(4, 16),
+            compilation_mode="FULL_DECODE_ONLY",
+            stock="ok",
+        ),
+        Scenario(
+            # Gemma4-like: head-512 global layers take the PA path (using_paged_attention returns
+            # True for head_size 512 whatever the mode), sliding layers take FIA, so one capture
+            # size holds a MIXED list of 9-field PA tuples and 22-field FIA tuples; the stock
+            # update picks its branch without head_size (FIA branch) and unpacks every tuple as
+            # FIA. Layer 5 shares layer 0's KV cache (Gemma-style KV sharing).
+            name="gemma4_mixed",
+            layers=(
+                LayerSpec(_attn(0), num_heads=4, num_kv_heads=1, head_size=512),
+                LayerSpec(_attn(1), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(_attn(2), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(_attn(3), num_heads=4, num_kv_heads=1, head_size=512),
+                LayerSpec(_attn(4), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(
+                    _attn(5),
+                    num_heads=4,
+                    num_kv_heads=1,
+                    head_size=512,
+                    kv_sharing_target=_attn(0),
+                ),
+            ),
+            model_type="gemma4",
+            max_kv_len=256,
+            stock="crash: ValueError: not enough values to unpack (expected 22, got 9)",
+        ),
+        Scenario(
+            # Positive control for the layer-aware replay: the same Gemma4-like layout with every
+            # layer on FIA (global heads 128, not 512). The stock update resolves each task by the
+            # layer name in tuple[21] (layer 5: its KV-sharing target's key) and gets it right.
+            name="gemma4_fia",
+            layers=(
+                LayerSpec(_attn(0), num_heads=4, num_kv_heads=2, head_size=128),
+                LayerSpec(_attn(1), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(_attn(2), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(_attn(3), num_heads=4, num_kv_heads=2, head_size=128),
+                LayerSpec(_attn(4), num_heads=4, num_kv_heads=2, head_size=64, sliding_window=32),
+                LayerSpec(
+                    _attn(5),
+                    num_heads=4,
+                    num_kv_heads=2,
+                    head_size=128,
+                    kv_sharing_target=_attn(0),
+                ),
+            ),
+            model_type="gemma4",
+            max_kv_len=256,
+            stock="ok",
+        ),
+        Scenario(
+            # Hybrid (Qwen3-Next-like): linear-attention layers interleaved with attention
+            # layers; their metadata keys are in attn_metadata in layer order. The stock FIA
+            # update takes the first len(captured) keys, sorts them, and so pairs attention tasks
+            # with linear-attention metadata.
+            name="hybrid_linear",
+            layers=_HYBRID_LAYERS,
+            metadata_order="layers",
+            stock="crash: AttributeError: 'LinearAttnMetadata' object has no attribute "
+            "'seq_lens_list'",
+        ),
+        Scenario(
+            # Positive control: the same hybrid model with the v1 runner's group-major key order
+            # (attention group first, linear-attention keys after, as Qwen3-Next arranges them):
+            # the first len(captured) keys are exactly the attention layers, so stock is right.
+            name="hybrid_linear_grouped",
+            layers=_HYBRID_LAYERS,
+            metadata_order="groups",
+            stock="ok",
+        ),
+    )
+}
