@@ -107,7 +107,7 @@ def test_provider_exception_becomes_resolution_error(runtime):
     class Broken:
         kind = "fia"
 
-        def resolve(self, md, template, cache):
+        def bind(self, md, launch, cache):
             raise RuntimeError("boom")
 
     graph = OwnedGraph(role="target", descriptor=4)
@@ -152,7 +152,7 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
         assert tasks[("mtp.0", step)][0]["actual_seq_lengths_kv"] == [step]
         assert tasks[("mtp.1", step)][0]["actual_seq_lengths_kv"] == [100 + step]
         assert tasks[("mtp.1", step)][0]["sparse_mode"] == 0  # non-causal draft step
-        assert "sparse_mode" not in tasks[("mtp.0", step)][0]
+        assert tasks[("mtp.0", step)][0]["sparse_mode"] == 3  # the captured mode, causal step
 
 
 def test_draft_with_too_few_steps_refuses(runtime):
@@ -176,15 +176,28 @@ def test_kv_sharing_layers_share_a_metadata_key_but_are_distinct_tasks(runtime):
     assert len(graph.tasks) == 2
 
 
+def bound(provider, md, launch=None, cache=None):
+    launch = {} if launch is None else launch
+    provider.bind(md, launch, {} if cache is None else cache)
+    return launch
+
+
 def test_sliding_window_keeps_the_captured_block_table():
     table = torch.arange(4).view(1, 4)
     md = metadata([4], [3], table=table)
-    swa = FIAProvider(workspace=lambda: None, rebind_block_table=False).resolve(md, {}, {})
-    dense = FIAProvider(workspace=lambda: None).resolve(md, {}, {})
+    swa = bound(FIAProvider(workspace=lambda: None, rebind_block_table=False), md)
+    dense = bound(FIAProvider(workspace=lambda: None), md)
     draft = FIAProvider(workspace=lambda: None, rebind_block_table=False, draft=True)
     assert "block_table" not in swa
     assert dense["block_table"] is table
-    assert draft.resolve(md, {}, {})["block_table"] is table  # drafts always rebind
+    assert bound(draft, md)["block_table"] is table  # drafts always rebind
+
+
+def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode():
+    provider = FIAProvider(workspace=lambda: None, draft=True, sparse_mode=3)
+    launch = bound(provider, metadata([1], [1], causal=False))
+    assert launch["sparse_mode"] == 0
+    assert bound(provider, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
 
 
 def test_graph_workspace_is_read_once_per_pass():
@@ -193,7 +206,7 @@ def test_graph_workspace_is_read_once_per_pass():
     provider = FIAV2Provider(workspace=getter)
     cache: dict = {}
     for _ in range(5):
-        assert provider.resolve(metadata([4], [1]), {}, cache)["workspace"] == "ws"
+        assert bound(provider, metadata([4], [1]), cache=cache)["workspace"] == "ws"
     assert len(reads) == 1
 
 
@@ -212,10 +225,10 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
     provider = PAProvider(workspace_for=get_workspace)
     md = metadata([4], [5, 6, 7, 8])
     cache: dict = {}
-    a = provider.resolve(md, template, cache)
-    b = provider.resolve(md, template, cache)
+    a = bound(provider, md, dict(template), cache)
+    b = bound(provider, md, dict(template), cache)
     assert a["context_lens"] is md.seq_lens and a["workspace"] is b["workspace"]
     assert len(calls) == 1 and calls[0] is md.seq_lens
     other = metadata([4], [1, 1, 1, 1])
-    assert provider.resolve(other, template, cache)["workspace"].numel() == 4
+    assert bound(provider, other, dict(template), cache)["workspace"].numel() == 4
     assert len(calls) == 2

@@ -115,6 +115,7 @@ def _register(scope: context.CaptureScope, kind: str, num_tokens: int, before: l
             # stock keeps the captured table on sliding-window layers (rebinding corrupts output)
             rebind_block_table=active.line.fields(kind, captured)["sliding_window"] is None,
             draft=role != TARGET,
+            sparse_mode=template["sparse_mode"],
         )
     elif kind == FIA_V2:
         op = torch_npu.npu_fused_infer_attention_score_v2.out

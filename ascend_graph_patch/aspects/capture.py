@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import vllm.envs as vllm_envs
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
-from vllm_ascend.ascend_forward_context import _EXTRA_CTX
 from vllm_ascend.compilation import acl_graph
 
 from ascend_graph_patch import state
@@ -24,9 +24,21 @@ from ascend_graph_patch.core.registry import REGISTRY
 ASPECT = "capture.v1"
 
 
-def current_role() -> str:
-    if _EXTRA_CTX.is_draft_model:
-        return DRAFT_PREFILL if _EXTRA_CTX.is_draft_model_prefill else DRAFT
+def current_role(forward_context: Any = None) -> str:
+    """Target / draft / draft prefill, read where vllm-ascend's `_EXTRA_CTX` proxy reads it.
+
+    The proxy checks the runner version on every attribute; reading it once here keeps the replay
+    path's cost down while returning exactly what `_EXTRA_CTX.is_draft_model(_prefill)` would.
+    """
+    fc = forward_context if forward_context is not None else get_forward_context()
+    if vllm_envs.VLLM_USE_V2_MODEL_RUNNER:
+        extra = fc.additional_kwargs
+        draft, prefill = extra.get("is_draft_model"), extra.get("is_draft_model_prefill")
+    else:
+        draft = getattr(fc, "is_draft_model", None)
+        prefill = getattr(fc, "is_draft_model_prefill", None)
+    if draft:
+        return DRAFT_PREFILL if prefill else DRAFT
     return TARGET
 
 
@@ -80,7 +92,7 @@ def _begin(instance: Any) -> context.CaptureScope | None:
     entry = instance.concrete_aclgraph_entries.get(descriptor)
     if entry is not None and entry.aclgraph is not None:
         return None  # a replay
-    return open_scope(instance, current_role(), descriptor)
+    return open_scope(instance, current_role(forward_context), descriptor)
 
 
 def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -34,7 +34,7 @@ def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
     values = dict(zip(active.line.update_params, args, strict=False))
     values.update(kwargs)
     forward_context = values["forward_context"]
-    role = current_role()
+    role = current_role(forward_context)
     replay = context.CURRENT_REPLAY.get()
     descriptor = replay[1] if replay is not None else forward_context.batch_descriptor
     owned = REGISTRY.lookup(role, descriptor)

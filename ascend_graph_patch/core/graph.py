@@ -23,13 +23,11 @@ class ResolutionError(Exception):
 
 
 class Provider(Protocol):
-    """Turns one metadata object into the launch arguments that change per step."""
+    """Writes the launch arguments that change per step, read from one metadata object."""
 
     kind: str
 
-    def resolve(
-        self, metadata: Any, template: Mapping[str, Any], cache: dict
-    ) -> dict[str, Any]: ...
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None: ...
 
 
 class MetadataSource(Protocol):
@@ -71,6 +69,9 @@ class UpdateTask:
 
     `template` holds the static launch arguments (the captured, weak-referenced tensors and
     scalars, as the stock registry holds them); the provider supplies what changes per step.
+    `launch` is the task's own copy of the template into which each resolution binds the fresh
+    values: no dict is rebuilt per step, and the last step's host lists stay referenced until the
+    next update has replaced them (the device consumes them asynchronously on hardware).
     """
 
     kind: str
@@ -82,6 +83,10 @@ class UpdateTask:
     op: Callable[..., Any]
     template: dict[str, Any]
     provider: Provider
+    launch: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.launch = dict(self.template)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -99,9 +104,6 @@ class OwnedGraph:
     role: str
     descriptor: Any
     tasks: list[UpdateTask] = field(default_factory=list)
-    # Host lists of the last update stay referenced until the next one: the device consumes them
-    # asynchronously on hardware.
-    _inflight: list[ResolvedTask] = field(default_factory=list, repr=False)
 
     def add(self, task: UpdateTask) -> None:
         if any(t.key == task.key for t in self.tasks):
@@ -115,22 +117,27 @@ class OwnedGraph:
         return out
 
     def resolve(self, source: MetadataSource) -> list[ResolvedTask]:
-        """Compute every task's launch arguments; pure: no runtime call, no state change."""
+        """Bind every task's fresh launch arguments, before any runtime call.
+
+        Nothing the runtime or the stock path can see changes: a failure here leaves the step
+        free to go to the stock update.
+        """
         cache: dict = {}
         resolved: list[ResolvedTask] = []
+        append = resolved.append
+        lookup = source.lookup
         for task in self.tasks:
-            metadata = source.lookup(task.metadata_key, task.step)
+            metadata = lookup(task.metadata_key, task.step)
+            launch = task.launch
             try:
-                fresh = task.provider.resolve(metadata, task.template, cache)
+                task.provider.bind(metadata, launch, cache)
             except ResolutionError:
                 raise
             except Exception as exc:  # a provider bug must not leave events unrecorded
                 raise ResolutionError(f"{task.kind} provider failed for {task.key}: {exc!r}") from (
                     exc
                 )
-            kwargs = dict(task.template)
-            kwargs.update(fresh)
-            resolved.append((task, kwargs))
+            append((task, launch))
         return resolved
 
     def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
@@ -141,7 +148,6 @@ class OwnedGraph:
         """
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
-        self._inflight = resolved
         with runtime.stream(update_stream):
             for index, (task, kwargs) in enumerate(resolved):
                 try:

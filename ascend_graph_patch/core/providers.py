@@ -11,7 +11,7 @@ They mirror what the stock update rebinds, so the overlay launches exactly what 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,12 @@ KINDS = (FIA, FIA_V2, PA)
 
 
 def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
-    key = ("ws", id(getter))
-    if key not in cache:
-        cache[key] = getter()
-    return cache[key]
+    key = id(getter)
+    try:
+        return cache[key]
+    except KeyError:
+        workspace = cache[key] = getter()
+        return workspace
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,19 +35,17 @@ class FIAProvider:
     workspace: Callable[[], Any]
     rebind_block_table: bool = True
     draft: bool = False
+    sparse_mode: int = 3  # the captured one; drafts drop to 0 on non-causal steps
     kind: str = FIA
 
-    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
-        fresh = {
-            "actual_seq_lengths": metadata.actual_seq_lengths_q,
-            "actual_seq_lengths_kv": metadata.seq_lens_list,
-            "workspace": _graph_workspace(self.workspace, cache),
-        }
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+        launch["actual_seq_lengths"] = metadata.actual_seq_lengths_q
+        launch["actual_seq_lengths_kv"] = metadata.seq_lens_list
+        launch["workspace"] = _graph_workspace(self.workspace, cache)
         if self.draft or self.rebind_block_table:
-            fresh["block_table"] = metadata.block_tables
-        if self.draft and not metadata.causal:
-            fresh["sparse_mode"] = 0
-        return fresh
+            launch["block_table"] = metadata.block_tables
+        if self.draft:
+            launch["sparse_mode"] = self.sparse_mode if metadata.causal else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +53,10 @@ class FIAV2Provider:
     workspace: Callable[[], Any]
     kind: str = FIA_V2
 
-    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
-        return {
-            "actual_seq_qlen": metadata.actual_seq_lengths_q,
-            "actual_seq_kvlen": metadata.seq_lens_list,
-            "workspace": _graph_workspace(self.workspace, cache),
-        }
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+        launch["actual_seq_qlen"] = metadata.actual_seq_lengths_q
+        launch["actual_seq_kvlen"] = metadata.seq_lens_list
+        launch["workspace"] = _graph_workspace(self.workspace, cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,23 +64,23 @@ class PAProvider:
     workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
     kind: str = PA
 
-    def resolve(self, metadata: Any, template: Mapping[str, Any], cache: dict) -> dict[str, Any]:
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         context_lens = metadata.seq_lens
-        query = template["query"]
-        key_cache = template["key_cache"]
+        query = launch["query"]
+        key_cache = launch["key_cache"]
         signature = (
-            "pa",
             id(context_lens),
             tuple(query.shape),
             query.dtype,
             tuple(key_cache.shape),
-            template["num_kv_heads"],
-            template["num_heads"],
+            launch["num_kv_heads"],
+            launch["num_heads"],
         )
         workspace = cache.get(signature)
         if workspace is None:
-            args = {k: v for k, v in template.items() if k != "workspace"}
+            args = {k: v for k, v in launch.items() if k != "workspace"}
             args["context_lens"] = context_lens
             workspace = self.workspace_for(**args)
             cache[signature] = workspace
-        return {"context_lens": context_lens, "workspace": workspace}
+        launch["context_lens"] = context_lens
+        launch["workspace"] = workspace
