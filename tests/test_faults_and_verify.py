@@ -18,7 +18,7 @@ def stock_dense(engine_factory):
 
 
 def test_resolution_fault_falls_back_to_stock_for_that_step(
-    engine_factory, stock_dense, mocker, capsys
+    engine_factory, stock_dense, mocker, capfd
 ):
     original = TargetSource.lookup
     calls = {"n": 0}
@@ -36,7 +36,7 @@ def test_resolution_fault_falls_back_to_stock_for_that_step(
     fallbacks = arm.counters["fallback.resolution"]
     assert 0 < fallbacks < STEPS
     assert arm.counters["updates.owned"] == STEPS - fallbacks
-    assert capsys.readouterr().err.count("update left to stock") == 1  # warned once
+    assert capfd.readouterr().err.count("update left to stock") == 1  # warned once
 
 
 def test_provider_exception_falls_back(engine_factory, stock_dense, mocker) -> None:
@@ -48,7 +48,7 @@ def test_provider_exception_falls_back(engine_factory, stock_dense, mocker) -> N
 
 
 def test_capture_side_fault_leaves_the_graph_to_stock(
-    engine_factory, stock_dense, mocker, capsys
+    engine_factory, stock_dense, mocker, capfd
 ) -> None:
     mocker.patch.object(attention, "_register", side_effect=RuntimeError("capture bug"))
     arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
@@ -59,14 +59,14 @@ def test_capture_side_fault_leaves_the_graph_to_stock(
 
 
 def test_error_inside_the_replay_aspect_never_reaches_the_engine(
-    engine_factory, stock_dense, mocker, capsys
+    engine_factory, stock_dense, mocker, capfd
 ) -> None:
     mocker.patch.object(replay, "_plan", side_effect=RuntimeError("replay bug"))
     arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
     assert arm.error is None
     assert bitwise_equal(arm.outputs, stock_dense.outputs)
     assert arm.counters["errors.replay.update"] == STEPS
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("internal error in aspect replay.update") == 1
 
 

@@ -31,53 +31,53 @@ def test_supported_release_passes(seams) -> None:
     assert "0.23.0.post1" in verdict.reason
 
 
-def _enable_and_expect_refusal(capsys, fragment: str) -> None:
+def _enable_and_expect_refusal(capfd, fragment: str) -> None:
     activation.enable("on")
     assert state.STATE.gate["v1"]["verdict"] == "refused"
     assert fragment in state.STATE.gate["v1"]["reason"]
     assert activation.installed() == []
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ascend-graph-patch: not installed (v1)")
     assert fragment in err[0]
 
 
-def test_changed_signature_is_refused(seams, monkeypatch, capsys) -> None:
+def test_changed_signature_is_refused(seams, monkeypatch, capfd) -> None:
     attn, _ = seams
 
     def full_graph_pa(self, query, attn_metadata, output=None, layer_name=None):
         raise AssertionError("never called")
 
     monkeypatch.setattr(_impl(attn), "full_graph_pa", full_graph_pa)
-    _enable_and_expect_refusal(capsys, "signature of AscendAttentionBackendImpl.full_graph_pa")
+    _enable_and_expect_refusal(capfd, "signature of AscendAttentionBackendImpl.full_graph_pa")
     assert type(_impl(attn).__dict__["update_graph_params"]) is staticmethod
 
 
-def test_missing_method_is_refused(seams, monkeypatch, capsys) -> None:
+def test_missing_method_is_refused(seams, monkeypatch, capfd) -> None:
     attn, _ = seams
     monkeypatch.delattr(_impl(attn), "full_graph_fia_v2")
-    _enable_and_expect_refusal(capsys, "lacks full_graph_fia_v2")
+    _enable_and_expect_refusal(capfd, "lacks full_graph_fia_v2")
 
 
-def test_marker_of_the_newer_line_is_refused(seams, monkeypatch, capsys) -> None:
+def test_marker_of_the_newer_line_is_refused(seams, monkeypatch, capfd) -> None:
     _, utils = seams
     monkeypatch.setattr(utils, "PagedAttentionGraphParam", object, raising=False)
-    _enable_and_expect_refusal(capsys, "PagedAttentionGraphParam exists")
+    _enable_and_expect_refusal(capfd, "PagedAttentionGraphParam exists")
 
 
-def test_unsupported_version_is_refused(seams, monkeypatch, capsys) -> None:
+def test_unsupported_version_is_refused(seams, monkeypatch, capfd) -> None:
     real = gate.installed_version
     monkeypatch.setattr(gate, "installed_version", lambda d: "0.24.0" if "ascend" in d else real(d))
-    _enable_and_expect_refusal(capsys, "unsupported versions: vllm-ascend 0.24.0")
+    _enable_and_expect_refusal(capfd, "unsupported versions: vllm-ascend 0.24.0")
 
 
-def test_force_overrides_a_refusal_with_a_warning(seams, monkeypatch, capsys) -> None:
+def test_force_overrides_a_refusal_with_a_warning(seams, monkeypatch, capfd) -> None:
     real = gate.installed_version
     monkeypatch.setattr(gate, "installed_version", lambda d: "0.24.0" if "ascend" in d else real(d))
     monkeypatch.setenv("ASCEND_GRAPH_PATCH_FORCE", "1")
     activation.enable("on")
     assert state.STATE.gate["v1"]["verdict"] == "forced"
     assert "replay.update" in activation.installed()
-    assert "FORCED install (v1)" in capsys.readouterr().err
+    assert "FORCED install (v1)" in capfd.readouterr().err
 
 
 def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(

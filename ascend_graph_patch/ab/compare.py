@@ -1,0 +1,341 @@
+"""Turn the arms' results into per-case verdicts, timing statistics and the overall verdict.
+
+Rules (docs/ab.md explains them for users):
+
+* the first stock run is the reference; every other run (stock A-A, patched, verify) must give
+  exactly the same greedy tokens and, where logits exist (simulator), logits within ``atol``;
+* every run's graph output must match its own eager reference (tokens; logits within
+  ``eager_atol``; a flipped argmax whose top-2 logits are within ``eager_atol`` is a near tie);
+* a scenario on which the stock update is KNOWN to fail (the scenario says so) may fail in the
+  stock arm with that exception type: then the patched arm is judged against eager alone;
+* any other exception, a dead or timed-out arm, is a CRASH, never a pass;
+* the patched arm must really have owned updates (else the A/B compared stock with stock);
+* the verify arm must report zero mismatches.
+"""
+
+from __future__ import annotations
+
+import statistics
+from array import array
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
+from ascend_graph_patch.ab.timing import percentile
+
+PASS, PASS_KNOWN, DIFF, CRASH, INEFFECTIVE = (
+    "PASS", "PASS (stock fails, known)", "DIFF", "CRASH", "INEFFECTIVE")
+_RANK = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3}
+EXIT_CODES = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 1, CRASH: 3}
+
+
+@dataclass
+class ArmTiming:
+    median_us: float | None = None
+    p90_us: float | None = None
+    n: int = 0
+    run_medians_us: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CaseResult:
+    name: str
+    verdict: str = PASS
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    arms: dict[str, str] = field(default_factory=dict)  # arm -> state summary
+    steps: int = 0
+    tokens: str = "-"
+    logits_max_abs: float | None = None
+    eager_max_abs: float | None = None
+    eager: str = "-"
+    timing: dict[str, ArmTiming] = field(default_factory=dict)
+    ratio: float | None = None  # patched / stock median host update time
+    noise: float | None = None  # A-A relative spread of per-run medians (max over arms)
+
+    def fail(self, verdict: str, reason: str) -> None:
+        if _RANK[verdict] > _RANK[self.verdict]:  # failures outrank both passes
+            self.verdict = verdict
+        self.reasons.append(reason)
+
+
+@dataclass
+class Summary:
+    verdict: str
+    exit_code: int
+    cases: list[CaseResult]
+    runs: list[dict[str, Any]]
+    ratio: float | None
+    noise: float | None
+    speed: str
+    problems: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict, "exit_code": self.exit_code, "ratio": self.ratio,
+            "noise": self.noise, "speed": self.speed, "problems": self.problems,
+            "runs": self.runs, "cases": [asdict(c) for c in self.cases],
+        }
+
+
+# --- per-run case state ----------------------------------------------------------------------
+
+
+def _expected_error_type(expect: str) -> str | None:
+    """``"crash: ValueError: ..."`` -> ``"ValueError"``; ``"ok"`` -> None."""
+    if not expect.startswith("crash:"):
+        return None
+    return expect[len("crash:"):].strip().split(":", 1)[0].strip() or None
+
+
+def case_state(run: ArmRun, name: str) -> tuple[str, dict[str, Any] | None]:
+    """(state, case) with state in ok / known_fail / error / crash / missing."""
+    if run.status != "ok" or run.result is None:
+        return "crash", None
+    case = next((c for c in run.result.get("cases", []) if c.get("name") == name), None)
+    if case is None:
+        return "missing", None
+    if case.get("status") == "ok":
+        return "ok", case
+    expected = _expected_error_type(str(case.get("expect", "ok")))
+    actual = str(case.get("error", "")).split(":", 1)[0].strip()
+    if expected is not None and actual == expected:
+        return "known_fail", case
+    return "error", case
+
+
+def _logits(run: ArmRun, case: dict[str, Any]) -> array | None:
+    name = case.get("logits_file")
+    if not name:
+        return None
+    data = array("f")
+    path = Path(run.dir) / name
+    try:
+        with open(path, "rb") as f:
+            data.frombytes(f.read())
+    except OSError:
+        return None
+    return data
+
+
+def _max_abs(a: array, b: array) -> float:
+    return max((abs(x - y) for x, y in zip(a, b, strict=False)), default=0.0)
+
+
+def _first_token_diff(a: list, b: list) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# --- one case --------------------------------------------------------------------------------
+
+
+def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
+    res = CaseResult(name=name)
+    states = {run.index: case_state(run, name) for run in runs}
+    by_arm: dict[str, list[ArmRun]] = {}
+    for run in runs:
+        by_arm.setdefault(run.arm, []).append(run)
+    for arm, arm_runs in by_arm.items():
+        labels = sorted({_label(states[r.index][0]) for r in arm_runs})
+        res.arms[arm] = "/".join(labels)
+
+    # crashes and errors first: they decide the verdict whatever the outputs say
+    for run in runs:
+        state, case = states[run.index]
+        where = f"{run.arm} arm (run {run.index})"
+        if state == "crash":
+            res.fail(CRASH, f"{where} crashed: {run.error}")
+        elif state == "missing":
+            res.fail(CRASH, f"{where} did not run the case")
+        elif state == "error" or (state == "known_fail" and run.arm != "stock"):
+            res.fail(CRASH, f"{where} raised: {case.get('error')}")
+        elif state == "ok" and run.arm == "stock" and _expected_error_type(
+                str(case.get("expect", "ok"))):
+            res.notes.append(f"stock passed although expected to fail ({case.get('expect')})")
+
+    stock_states = {states[r.index][0] for r in by_arm.get("stock", [])}
+    if stock_states == {"known_fail"}:
+        if res.verdict == PASS:
+            res.verdict = PASS_KNOWN
+        res.notes.append(f"stock: {states[by_arm['stock'][0].index][1].get('error')}")
+    elif "known_fail" in stock_states and "ok" in stock_states:
+        res.fail(DIFF, "stock arm is not deterministic: it failed in one run, passed in another")
+
+    ok_runs = [r for r in runs if states[r.index][0] == "ok"]
+    if ok_runs:
+        _compare_outputs(cfg, res, ok_runs, states)
+        _check_eager(cfg, res, ok_runs, states)
+        _check_overlay(cfg, res, ok_runs, states)
+    _timing(cfg, res, runs, states)
+    return res
+
+
+def _label(state: str) -> str:
+    return {"ok": "ok", "known_fail": "fails (known)", "error": "ERROR", "crash": "CRASH",
+            "missing": "missing"}[state]
+
+
+def _compare_outputs(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
+                     states: dict[int, tuple[str, Any]]) -> None:
+    ref = ok_runs[0]  # the first stock run if stock worked (schedule starts with stock)
+    ref_case = states[ref.index][1]
+    ref_tokens = ref_case.get("tokens", [])
+    ref_logits = _logits(ref, ref_case)
+    res.steps = len(ref_tokens)
+    worst = 0.0 if ref_logits is not None else None
+    token_diffs = []
+    for run in ok_runs[1:]:
+        case = states[run.index][1]
+        tokens = case.get("tokens", [])
+        first = _first_token_diff(ref_tokens, tokens)
+        if first is not None:
+            token_diffs.append(f"{run.arm} run {run.index} differs from {ref.arm} run "
+                               f"{ref.index} at step {first}")
+        if ref_logits is not None:
+            other = _logits(run, case)
+            if other is None or len(other) != len(ref_logits):
+                if first is None:
+                    res.fail(DIFF, f"{run.arm} run {run.index}: logits missing or of another shape")
+                continue
+            diff = _max_abs(ref_logits, other)
+            worst = max(worst or 0.0, diff)
+            if diff > cfg.atol:
+                res.fail(DIFF, f"{run.arm} run {run.index}: logits differ by {diff:.3g} "
+                               f"(> atol {cfg.atol:g}) from {ref.arm} run {ref.index}")
+    for text in token_diffs:
+        res.fail(DIFF, "tokens: " + text)
+    res.logits_max_abs = worst
+    compared = len(ok_runs) - 1
+    if not compared:
+        res.tokens = f"{res.steps} steps (1 run)"
+    elif token_diffs:
+        res.tokens = "DIFFER"
+    else:
+        res.tokens = f"equal ({res.steps} steps x {compared + 1} runs)"
+
+
+def _check_eager(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
+                 states: dict[int, tuple[str, Any]]) -> None:
+    worst, bad = 0.0, []
+    seen = False
+    for run in ok_runs:
+        ev = states[run.index][1].get("eager")
+        if not ev:
+            continue
+        seen = True
+        worst = max(worst, float(ev.get("max_abs", 0.0)))
+        if ev.get("token_mismatches"):
+            bad.append(f"{run.arm} run {run.index}: {ev['token_mismatches']} token(s) differ "
+                       f"from eager (first at step {ev.get('first_mismatch')})")
+        elif float(ev.get("max_abs", 0.0)) > cfg.eager_atol:
+            bad.append(f"{run.arm} run {run.index}: logits differ from eager by "
+                       f"{float(ev['max_abs']):.3g} (> {cfg.eager_atol:g})")
+        if ev.get("near_ties"):
+            res.notes.append(f"{run.arm} run {run.index}: {ev['near_ties']} near tie(s) vs eager")
+    if not seen:
+        return
+    res.eager_max_abs = worst
+    res.eager = "ok" if not bad else "DIFFER"
+    for text in bad:
+        res.fail(DIFF, "eager: " + text)
+
+
+def _check_overlay(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
+                   states: dict[int, tuple[str, Any]]) -> None:
+    for run in ok_runs:
+        counters = states[run.index][1].get("counters") or {}
+        if run.arm == "patched" and not counters.get("updates.owned"):
+            msg = f"patched run {run.index}: the overlay owned no update (it was not effective)"
+            if cfg.workload == "sim":
+                res.fail(INEFFECTIVE, msg)
+            else:  # counters only see this process; runners may live elsewhere (TP > 1)
+                res.notes.append(msg + " in the worker process")
+        if run.arm == "verify":
+            mism = int(counters.get("verify.mismatches", 0))
+            if mism:
+                res.fail(DIFF, f"verify run {run.index}: {mism} parameter mismatch(es) "
+                               "between the overlay and stock")
+            elif counters.get("verify.updates"):
+                res.notes.append(f"verify: {counters['verify.updates']} updates checked, "
+                                 "0 mismatches")
+
+
+def _timing(cfg: ABConfig, res: CaseResult, runs: list[ArmRun],
+            states: dict[int, tuple[str, Any]]) -> None:
+    for arm in ("stock", "patched"):
+        pooled: list[float] = []
+        medians: list[float] = []
+        for run in runs:
+            state, case = states[run.index]
+            if run.arm != arm or state != "ok":
+                continue
+            samples = [ns / 1000.0 for ns in case.get("update_ns", [])[cfg.warmup:]]
+            if not samples:
+                continue
+            pooled += samples
+            medians.append(statistics.median(samples))
+        if pooled:
+            res.timing[arm] = ArmTiming(median_us=statistics.median(pooled),
+                                        p90_us=percentile(pooled, 90), n=len(pooled),
+                                        run_medians_us=medians)
+    st, pa = res.timing.get("stock"), res.timing.get("patched")
+    if st and pa and st.median_us:
+        res.ratio = pa.median_us / st.median_us
+        res.noise = aa_noise([st.run_medians_us, pa.run_medians_us])
+
+
+def aa_noise(per_arm_medians: list[list[float]]) -> float | None:
+    """A-A noise floor: the largest relative spread between runs of the same arm."""
+    spreads = [max(m) / min(m) - 1.0 for m in per_arm_medians if len(m) >= 2 and min(m) > 0]
+    return max(spreads) if spreads else None
+
+
+# --- everything ------------------------------------------------------------------------------
+
+
+def summarize(cfg: ABConfig, runs: list[ArmRun]) -> Summary:
+    cases = [judge_case(cfg, runs, name) for name in cfg.cases]
+    verdict = PASS
+    for case in cases:
+        if _RANK[case.verdict] > _RANK[verdict]:
+            verdict = case.verdict
+    problems = [f"{c.name}: {r}" for c in cases for r in c.reasons]
+    for run in runs:  # a crash must surface even if no case names it (e.g. no cases at all)
+        if run.status != "ok" and not any(f"run {run.index})" in p for p in problems):
+            problems.append(f"{run.arm} arm (run {run.index}) {run.status}: {run.error}")
+            verdict = CRASH
+    ratio, noise = _overall_timing(cases)
+    speed = speed_label(ratio, noise)
+    return Summary(verdict=verdict, exit_code=EXIT_CODES[verdict], cases=cases,
+                   runs=[r.summary() for r in runs], ratio=ratio, noise=noise, speed=speed,
+                   problems=problems)
+
+
+def _overall_timing(cases: list[CaseResult]) -> tuple[float | None, float | None]:
+    """Patched/stock of the summed per-case medians (cases both arms ran), and its A-A noise."""
+    both = [c for c in cases if c.ratio is not None]
+    if not both:
+        return None, None
+    stock = sum(c.timing["stock"].median_us or 0.0 for c in both)
+    patched = sum(c.timing["patched"].median_us or 0.0 for c in both)
+    per_arm = []
+    for arm in ("stock", "patched"):
+        n = min(len(c.timing[arm].run_medians_us) for c in both)
+        per_arm.append([sum(c.timing[arm].run_medians_us[i] for c in both) for i in range(n)])
+    return (patched / stock if stock else None), aa_noise(per_arm)
+
+
+def speed_label(ratio: float | None, noise: float | None) -> str:
+    if ratio is None:
+        return "no timing"
+    if noise is None:
+        return f"{ratio:.2f}x (no A-A noise floor: use --repeats >= 1 with ABBA)"
+    if ratio < 1.0 - noise:
+        return f"faster: {ratio:.2f}x stock, beyond the A-A noise of {noise:.1%}"
+    if ratio > 1.0 + noise:
+        return f"slower: {ratio:.2f}x stock, beyond the A-A noise of {noise:.1%}"
+    return f"within noise: {ratio:.2f}x stock, A-A noise {noise:.1%}"

@@ -1,0 +1,265 @@
+"""Run the arms: one fresh process each, ABBA order, own compile cache, same seed, timeouts.
+
+Both workloads (simulator and vLLM) go through :func:`run_ab`; only the worker module and the
+spec differ. Arms differ in exactly one variable, ``ASCEND_GRAPH_PATCH`` (off / on / verify); any
+other ``ASCEND_GRAPH_PATCH_*`` setting of the caller (strict, force, disable) is removed so it
+cannot leak into one arm only, and ``VLLM_CACHE_ROOT`` is per arm because vLLM's compile-cache key
+does not see our toggle (research/peers.md 2.5): a shared cache would let one arm replay
+artifacts compiled under the other.
+
+An arm whose process exits non-zero, times out or leaves no readable result is a CRASH; the
+orchestrator never infers a pass from a missing result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ascend_graph_patch.ab.protocol import ARM_MODES, read_progress
+
+WORKERS = {
+    "sim": "ascend_graph_patch.ab.worker_sim",
+    "vllm": "ascend_graph_patch.ab.worker_vllm",
+}
+
+#: Variables the orchestrator owns in every arm (whatever the caller had).
+_OWNED_PREFIX = "ASCEND_GRAPH_PATCH"
+_KEEP_FROM_CALLER = ("ASCEND_GRAPH_PATCH_SIM", "ASCEND_GRAPH_PATCH_DEBUG")
+
+
+@dataclass
+class ABConfig:
+    """Everything an A/B run needs; the CLI builds it, tests build it directly."""
+
+    out: Path
+    workload: str = "sim"  # "sim" | "vllm"
+    cases: list[str] = field(default_factory=list)  # scenario names, or ["vllm:<model>"]
+    steps: int = 24
+    seed: int = 0
+    repeats: int = 1
+    verify: bool = False
+    timeout: float = 600.0
+    warmup: int = 2  # leading steps per case left out of the timing statistics
+    atol: float = 1e-5  # logits, arm vs arm (same code, same inputs: expect bitwise)
+    eager_atol: float = 1e-3  # logits, graph vs eager in one process (padding may round)
+    model: str | None = None
+    prompts: list[str] | None = None
+    max_tokens: int = 64
+    engine_args: list[str] = field(default_factory=list)
+    worker_cmd: list[str] | None = None  # override (tests: a fake worker)
+    progress: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    order: list[str] | None = None  # explicit arm order (tests); default: schedule()
+
+    def units_per_run(self) -> int:
+        if self.workload == "vllm":
+            return len(self.prompts or ()) or 8
+        return len(self.cases) * self.steps
+
+
+@dataclass
+class ArmRun:
+    """One process of one arm."""
+
+    index: int
+    arm: str
+    mode: str
+    repeat: int
+    dir: Path
+    cache_root: Path
+    status: str = "pending"  # ok | crash | timeout
+    returncode: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    result: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.index:02d}-{self.arm}"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "worker.log"
+
+    def summary(self) -> dict[str, Any]:
+        res = self.result or {}
+        return {
+            "index": self.index, "arm": self.arm, "mode": self.mode, "repeat": self.repeat,
+            "status": self.status, "returncode": self.returncode,
+            "seconds": round(self.seconds, 2), "error": self.error, "pid": res.get("pid"),
+            "cache_root": str(self.cache_root), "dir": str(self.dir), "log": str(self.log),
+            "mode_env_seen": res.get("mode_env"), "cache_root_seen": res.get("cache_root"),
+            "seed_seen": res.get("seed"), "overlay_status": res.get("status"),
+        }
+
+
+def schedule(repeats: int, verify: bool) -> list[str]:
+    """ABBA per repeat (A = stock, B = patched), then one verify arm if asked.
+
+    ABBA cancels a linear drift (thermal, page cache, compile cache warming) between the arms;
+    the repeated same-arm runs give the A-A noise floor. Verify is a correctness arm (it computes
+    both updates), so it runs once and stays out of the timing comparison.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    order = ["stock", "patched", "patched", "stock"] * repeats
+    if verify:
+        order.append("verify")
+    return order
+
+
+def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
+    """The environment of one arm: the caller's, minus our knobs, plus the arm's settings."""
+    env = {k: v for k, v in base.items()
+           if not k.startswith(_OWNED_PREFIX) or k in _KEEP_FROM_CALLER}
+    env["ASCEND_GRAPH_PATCH"] = run.mode
+    env["VLLM_CACHE_ROOT"] = str(run.cache_root)
+    env["PYTHONHASHSEED"] = str(cfg.seed)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cfg.workload == "sim":
+        env["ASCEND_GRAPH_PATCH_SIM"] = "1"
+        env.setdefault("VLLM_PLUGINS", "ascend")
+    else:
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # time the runner in-process
+    env.update(cfg.extra_env)
+    return env
+
+
+def plan_runs(cfg: ABConfig) -> list[ArmRun]:
+    runs = []
+    seen: dict[str, int] = {}
+    order = cfg.order or schedule(cfg.repeats, cfg.verify)
+    for index, arm in enumerate(order):
+        seen[arm] = seen.get(arm, 0) + 1
+        run_dir = cfg.out / "arms" / f"{index:02d}-{arm}"
+        runs.append(ArmRun(index=index, arm=arm, mode=ARM_MODES[arm], repeat=seen[arm] - 1,
+                           dir=run_dir, cache_root=cfg.out / "cache" / arm))
+    return runs
+
+
+def spec_for(cfg: ABConfig, run: ArmRun) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "arm": run.arm, "mode": run.mode, "repeat": run.repeat, "workload": cfg.workload,
+        "cases": list(cfg.cases), "steps": cfg.steps, "seed": cfg.seed,
+        "eager_atol": cfg.eager_atol, "progress_total": cfg.units_per_run(),
+    }
+    if cfg.workload == "vllm":
+        spec.update(model=cfg.model, prompts=cfg.prompts, max_tokens=cfg.max_tokens,
+                    engine_args=list(cfg.engine_args))
+    return spec
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End the arm's process group (the worker may have children: vLLM engine core)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def run_arm(cfg: ABConfig, run: ArmRun, bar: Any = None, env: dict[str, str] | None = None) -> None:
+    """Start one worker, wait (with timeout, feeding the progress bar), classify the outcome."""
+    run.dir.mkdir(parents=True, exist_ok=True)
+    run.cache_root.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, progress_path = (run.dir / n for n in
+                                             ("spec.json", "result.json", "progress"))
+    for stale in (result_path, progress_path):
+        stale.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec_for(cfg, run), indent=1))
+    cmd = list(cfg.worker_cmd or [sys.executable, "-m", WORKERS[cfg.workload]])
+    cmd += ["--spec", str(spec_path), "--result", str(result_path), "--progress",
+            str(progress_path)]
+    run_env = arm_env(dict(os.environ if env is None else env), cfg, run)
+    started = time.monotonic()
+    shown = 0
+    with open(run.log, "wb") as log:
+        proc = subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = False
+        while True:
+            try:
+                proc.wait(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if bar is not None:
+                done = min(read_progress(progress_path), cfg.units_per_run())
+                if done > shown:
+                    bar.update(done - shown)
+                    shown = done
+            if time.monotonic() - started > cfg.timeout:
+                timed_out = True
+                _kill(proc)
+                break
+    run.seconds = time.monotonic() - started
+    run.returncode = proc.returncode
+    if bar is not None and cfg.units_per_run() > shown:
+        bar.update(cfg.units_per_run() - shown)
+    result = _read_result(result_path)
+    run.result = result
+    if timed_out:
+        run.status, run.error = "timeout", f"no result after {cfg.timeout:.0f} s (killed)"
+    elif proc.returncode != 0:
+        run.status = "crash"
+        fatal = (result or {}).get("fatal")
+        run.error = fatal or f"exit status {proc.returncode}: {_tail(run.log)}"
+    elif result is None or not result.get("ok"):
+        run.status, run.error = "crash", "exited 0 without a valid result"
+    else:
+        run.status = "ok"
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) if text else "(empty log)"
+
+
+def _progress_bar(cfg: ABConfig, total: int) -> Any:
+    if not cfg.progress:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    unit = "prompt" if cfg.workload == "vllm" else "step"
+    return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def run_ab(cfg: ABConfig, env: dict[str, str] | None = None) -> list[ArmRun]:
+    """Run every planned arm in order; returns the runs with their results attached."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    runs = plan_runs(cfg)
+    bar = _progress_bar(cfg, cfg.units_per_run() * len(runs))
+    try:
+        for run in runs:
+            if bar is not None:
+                bar.set_description(f"arm {run.index + 1}/{len(runs)} {run.arm}")
+            elif cfg.progress:
+                print(f"ab: arm {run.index + 1}/{len(runs)} {run.arm} ...", file=sys.stderr)
+            run_arm(cfg, run, bar, env)
+            if bar is None and cfg.progress:
+                print(f"ab:   {run.status} in {run.seconds:.1f} s", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+    return runs

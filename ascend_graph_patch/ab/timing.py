@@ -1,0 +1,102 @@
+"""Per-step host update time, measured inside an arm's worker with ``wrapt`` wrappers.
+
+The wrappers sit on the update entry points the runner calls (``update_full_graph_params`` as the
+calling module sees it), ABOVE whatever the overlay installed underneath, so stock and patched arms
+are timed at the same seam. On the simulator, work the runtime executes on the host on behalf of
+the "device" (the replayed graph tasks an ``ExternalEvent.record`` releases, run by
+``sim.runtime._drain``) is subtracted: on hardware that work is asynchronous and not host cost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import wrapt
+
+#: Entry points timed on the simulator (the harness resolves this module attribute per call).
+SIM_TARGETS: tuple[str, ...] = ("vllm_ascend.compilation.acl_graph:update_full_graph_params",)
+
+#: Entry points timed in vLLM: every module that imported ``update_full_graph_params`` by name.
+VLLM_TARGETS: tuple[str, ...] = (
+    "vllm_ascend.worker.model_runner_v1:update_full_graph_params",
+    "vllm_ascend.spec_decode.llm_base_proposer:update_full_graph_params",
+    "vllm_ascend.worker.v2.aclgraph_utils:update_full_graph_params",
+    "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph:update_full_graph_params",
+)
+
+#: The simulator's task executor (its time is device time, not host time).
+SIM_DEVICE_TARGET = "ascend_graph_patch.sim.runtime:_drain"
+
+
+class UpdateTimer:
+    """Collects one sample (ns of host time) per timed update call."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self.device_ns = 0
+        self.installed: list[str] = []
+        self._depth = 0
+        self._device_depth = 0
+
+    # wrapt wrappers ---------------------------------------------------------------------------
+
+    def _update(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self._depth:  # nested entry point (one module calling another): time the outer one
+            return wrapped(*args, **kwargs)
+        self._depth += 1
+        device0 = self.device_ns
+        t0 = time.perf_counter_ns()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            elapsed = time.perf_counter_ns() - t0 - (self.device_ns - device0)
+            self._depth -= 1
+            self.samples.append(max(elapsed, 0))
+
+    def _device(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if self._device_depth or not self._depth:
+            return wrapped(*args, **kwargs)
+        self._device_depth += 1
+        t0 = time.perf_counter_ns()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            self.device_ns += time.perf_counter_ns() - t0
+            self._device_depth -= 1
+
+    # installation -----------------------------------------------------------------------------
+
+    def install(self, targets: tuple[str, ...], device_target: str | None = None) -> None:
+        """Wrap each ``module:attr`` when (or as soon as) its module is imported."""
+        for target in targets:
+            self._hook(target, self._update)
+        if device_target:
+            self._hook(device_target, self._device)
+
+    def _hook(self, target: str, wrapper: Any) -> None:
+        module_name, _, attr = target.partition(":")
+
+        def apply(module: Any) -> None:
+            try:
+                wrapt.wrap_function_wrapper(module, attr, wrapper)
+            except AttributeError:  # seam absent in this version: not timed
+                return
+            self.installed.append(target)
+
+        wrapt.register_post_import_hook(apply, module_name)
+
+    def take(self, start: int) -> list[int]:
+        """Samples recorded since index ``start``."""
+        return self.samples[start:]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (``q`` in [0, 100]); ``None`` for no data."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)

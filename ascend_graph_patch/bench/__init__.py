@@ -1,0 +1,1 @@
+"""Host-overhead benchmark of the overlay's update (``ascend-graph-patch bench``)."""

@@ -1,0 +1,287 @@
+"""The A/B command: orchestration against a fake worker, the vLLM worker against the real vLLM
+API (engine call mocked), and one tiny real simulator A/B in subprocesses. No timing asserts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ascend_graph_patch.ab import command, compare, orchestrate, report
+from ascend_graph_patch.ab.orchestrate import ABConfig
+
+FAKE_WORKER = textwrap.dedent('''
+    """Fake arm worker: behaviour per arm from FAKE_* env vars (arm = the toggle it sees)."""
+    import os, sys, time
+    from array import array
+    from ascend_graph_patch.ab.protocol import worker_main
+
+    ARM = {"off": "stock", "on": "patched", "verify": "verify"}
+
+    def run(spec, progress, out_dir):
+        arm = ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        if os.environ.get("FAKE_CRASH") == arm:
+            os._exit(7)
+        if os.environ.get("FAKE_SLEEP") == arm:
+            time.sleep(60)
+        cases = []
+        for name in spec["cases"]:
+            tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
+            logits = array("f", [float(t) for row in tokens for t in row])
+            if os.environ.get("FAKE_DIFF") == arm:
+                tokens[-1][0] += 1
+            if os.environ.get("FAKE_LOGITS") == arm:
+                logits[0] += 0.5
+            with open(out_dir / f"{name}.f32", "wb") as f:
+                logits.tofile(f)
+            counters = {"updates.owned": spec["steps"]} if arm != "stock" else {}
+            if arm == "patched" and os.environ.get("FAKE_INEFFECTIVE"):
+                counters = {}
+            case = {"name": name, "expect": os.environ.get("FAKE_EXPECT", "ok"), "status": "ok",
+                    "tokens": tokens, "logits_file": f"{name}.f32",
+                    "eager": {"token_mismatches": 0, "near_ties": 0, "max_abs": 0.0},
+                    "update_ns": [(2000 if arm == "stock" else 1000) + i
+                                  for i in range(spec["steps"])],
+                    "counters": counters, "env_hashseed": os.environ.get("PYTHONHASHSEED")}
+            if arm == "stock" and os.environ.get("FAKE_STOCK_ERROR"):
+                case.update(status="error", error=os.environ["FAKE_STOCK_ERROR"],
+                            tokens=[], update_ns=[])
+            cases.append(case)
+            progress.advance(spec["steps"])
+        return {"workload": "fake", "cases": cases}
+
+    sys.exit(worker_main(run))
+''')
+
+
+@pytest.fixture
+def fake_worker(tmp_path: Path) -> Path:
+    path = tmp_path / "fake_worker.py"
+    path.write_text(FAKE_WORKER)
+    return path
+
+
+@pytest.fixture
+def fake_cfg(tmp_path: Path, fake_worker: Path):
+    def make(**kw) -> ABConfig:
+        import sys
+
+        env = kw.pop("env", {})
+        cfg = ABConfig(out=tmp_path / "out", cases=["alpha", "beta"], steps=6, seed=11,
+                       progress=False, timeout=30, worker_cmd=[sys.executable, str(fake_worker)],
+                       extra_env=env, warmup=1)
+        for key, value in kw.items():
+            setattr(cfg, key, value)
+        return cfg
+
+    return make
+
+
+def _run(cfg: ABConfig) -> tuple[list[orchestrate.ArmRun], compare.Summary]:
+    runs = orchestrate.run_ab(cfg)
+    return runs, compare.summarize(cfg, runs)
+
+
+# --- schedule and environment ----------------------------------------------------------------
+
+
+def test_schedule_is_abba_repeated_then_verify():
+    assert orchestrate.schedule(1, False) == ["stock", "patched", "patched", "stock"]
+    assert orchestrate.schedule(2, True) == ["stock", "patched", "patched", "stock"] * 2 + [
+        "verify"]
+    with pytest.raises(ValueError):
+        orchestrate.schedule(0, False)
+
+
+def test_arm_env_differs_only_in_toggle_and_cache(tmp_path: Path):
+    cfg = ABConfig(out=tmp_path, cases=["x"], seed=5)
+    runs = orchestrate.plan_runs(cfg)
+    base = {"PATH": "/bin", "ASCEND_GRAPH_PATCH": "verify", "ASCEND_GRAPH_PATCH_STRICT": "1",
+            "ASCEND_GRAPH_PATCH_DISABLE": "*", "VLLM_CACHE_ROOT": "/shared"}
+    envs = [orchestrate.arm_env(base, cfg, r) for r in runs]
+    assert [e["ASCEND_GRAPH_PATCH"] for e in envs] == ["off", "on", "on", "off"]
+    assert all("ASCEND_GRAPH_PATCH_STRICT" not in e and "ASCEND_GRAPH_PATCH_DISABLE" not in e
+               for e in envs)
+    assert {e["PYTHONHASHSEED"] for e in envs} == {"5"}
+    caches = [e["VLLM_CACHE_ROOT"] for e in envs]
+    assert caches[0] == caches[3] != caches[1] == caches[2]
+    assert "/shared" not in caches
+
+
+# --- fake-worker runs ------------------------------------------------------------------------
+
+
+def test_pass_run_order_caches_seed_and_reports(fake_cfg):
+    cfg = fake_cfg(verify=True)
+    runs, summary = _run(cfg)
+    assert [r.status for r in runs] == ["ok"] * 5
+    seen = [r.result["mode_env"] for r in runs]
+    assert seen == ["off", "on", "on", "off", "verify"]  # the order the processes really ran
+    assert len({r.result["pid"] for r in runs}) == 5  # a fresh process per arm
+    roots = {r.arm: set() for r in runs}
+    for r in runs:
+        roots[r.arm].add(r.result["cache_root"])
+    assert all(len(v) == 1 for v in roots.values())
+    assert len(set().union(*roots.values())) == 3  # one compile cache per arm, none shared
+    assert {r.result["seed"] for r in runs} == {11}
+    assert {c["env_hashseed"] for r in runs for c in r.result["cases"]} == {"11"}
+    assert summary.verdict == compare.PASS and summary.exit_code == 0
+    alpha = summary.cases[0]
+    assert alpha.ratio == pytest.approx(0.5, rel=0.01)  # fake: patched 1000 ns vs stock 2000 ns
+    assert alpha.noise is not None
+
+    paths = report.write(cfg, summary, runs)
+    data = json.loads(paths["json"].read_text())
+    assert data["verdict"] == "PASS" and data["exit_code"] == 0
+    assert [r["arm"] for r in data["runs"]] == ["stock", "patched", "patched", "stock", "verify"]
+    assert "VERDICT: PASS" in paths["md"].read_text()
+    if paths["png"] is not None:
+        assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = report.text_table(cfg, summary)
+    assert "alpha" in table and "VERDICT: PASS" in table
+
+
+@pytest.mark.parametrize("knob,verdict", [("FAKE_DIFF", compare.DIFF),
+                                          ("FAKE_LOGITS", compare.DIFF),
+                                          ("FAKE_CRASH", compare.CRASH)])
+def test_difference_or_crash_is_never_a_pass(fake_cfg, knob, verdict):
+    runs, summary = _run(fake_cfg(env={knob: "patched"}))
+    assert summary.verdict == verdict
+    assert summary.exit_code == (3 if verdict == compare.CRASH else 1)
+    assert all(c.verdict == verdict for c in summary.cases)
+    if knob == "FAKE_CRASH":
+        assert [r.status for r in runs] == ["ok", "crash", "crash", "ok"]
+        assert "exit status 7" in runs[1].error
+
+
+def test_timeout_is_a_crash(fake_cfg):
+    runs, summary = _run(fake_cfg(env={"FAKE_SLEEP": "patched"}, timeout=2,
+                                  order=["stock", "patched"]))
+    assert runs[1].status == "timeout"
+    assert summary.verdict == compare.CRASH and summary.exit_code == 3
+
+
+def test_known_stock_failure_vs_unexpected(fake_cfg):
+    env = {"FAKE_EXPECT": "crash: ValueError: boom", "FAKE_STOCK_ERROR": "ValueError: boom"}
+    _, summary = _run(fake_cfg(env=env))
+    assert summary.verdict == compare.PASS and summary.exit_code == 0
+    assert all(c.verdict == compare.PASS_KNOWN for c in summary.cases)
+    assert summary.cases[0].arms["stock"] == "fails (known)"
+
+    env["FAKE_STOCK_ERROR"] = "KeyError: other"  # a different exception is not the known one
+    _, summary = _run(fake_cfg(env=env))
+    assert summary.verdict == compare.CRASH and summary.exit_code == 3
+
+
+def test_ineffective_overlay_fails(fake_cfg):
+    _, summary = _run(fake_cfg(env={"FAKE_INEFFECTIVE": "1"}))
+    assert summary.verdict == compare.INEFFECTIVE and summary.exit_code == 1
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_command_exit_codes(fake_worker: Path, tmp_path: Path, monkeypatch, capsys):
+    base = ("--worker", str(fake_worker), "--scenarios", "alpha", "--steps", "3",
+            "--no-progress", "--out")
+    assert command.run(_args(*base, str(tmp_path / "a"))) == 0
+    out = capsys.readouterr().out
+    assert "VERDICT: PASS" in out and (tmp_path / "a" / "report.json").is_file()
+    monkeypatch.setenv("FAKE_DIFF", "patched")
+    assert command.run(_args(*base, str(tmp_path / "b"))) == 1
+    monkeypatch.setenv("FAKE_CRASH", "stock")
+    assert command.run(_args(*base, str(tmp_path / "c"))) == 3
+    assert "CRASH" in capsys.readouterr().out
+
+
+def test_usage_errors(tmp_path: Path, capsys):
+    assert command.run(_args("--scenarios", "no_such_scenario", "--out", str(tmp_path))) == 2
+    assert command.run(_args("--prompts", str(tmp_path / "p.jsonl"))) == 2
+    assert command.run(_args("--steps", "0")) == 2
+    assert command.run(_args("--model", "m", "--prompts", str(tmp_path / "missing"))) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_prompts_file_and_engine_args(tmp_path: Path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "Hello"}\n"World"\n\n')
+    cfg = command.build_config(_args("--model", "org/m", "--prompts", str(p), "--",
+                                     "--max-model-len", "1024"))
+    assert cfg.workload == "vllm" and cfg.prompts == ["Hello", "World"]
+    assert cfg.engine_args == ["--max-model-len", "1024"]
+    assert cfg.cases == ["vllm:org/m"]
+
+
+# --- the vLLM worker against the real vLLM 0.23.0 API ----------------------------------------
+
+
+def test_vllm_worker_real_api_engine_mocked(mocker, tmp_path: Path):
+    import vllm
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from ascend_graph_patch.ab import worker_vllm
+    from ascend_graph_patch.ab.protocol import Progress
+
+    init = mocker.patch.object(vllm.LLM, "__init__", return_value=None)
+
+    def fake_generate(self, prompts, sampling_params=None, **kwargs):
+        assert isinstance(sampling_params, vllm.SamplingParams)
+        return [RequestOutput(request_id=str(i), prompt=p, prompt_token_ids=[1, 2],
+                              prompt_logprobs=None, finished=True,
+                              outputs=[CompletionOutput(index=0, text=f"out{i}",
+                                                        token_ids=[i, i + 1],
+                                                        cumulative_logprob=-0.5,
+                                                        logprobs=None, finish_reason="length")])
+                for i, p in enumerate(prompts)]
+
+    gen = mocker.patch.object(vllm.LLM, "generate", autospec=True, side_effect=fake_generate)
+    spec = {"model": "org/tiny", "seed": 3, "max_tokens": 7, "prompts": ["a", "b"],
+            "engine_args": ["--max-model-len", "2048", "--enforce-eager"], "cases": ["vllm:x"]}
+    body = worker_vllm.run(spec, Progress(None, 2), tmp_path)
+
+    _, kwargs = init.call_args
+    assert kwargs["model"] == "org/tiny" and kwargs["seed"] == 3
+    assert kwargs["max_model_len"] == 2048 and kwargs["enforce_eager"] is True
+    params = gen.call_args.args[2]
+    assert params.temperature == 0.0 and params.max_tokens == 7
+    case = body["cases"][0]
+    assert case["status"] == "ok" and case["tokens"] == [[0, 1], [1, 2]]
+    assert case["texts"] == ["out0", "out1"]
+
+
+def test_vllm_worker_records_engine_error(mocker, tmp_path: Path):
+    import vllm
+
+    from ascend_graph_patch.ab import worker_vllm
+    from ascend_graph_patch.ab.protocol import Progress
+
+    mocker.patch.object(vllm.LLM, "__init__", side_effect=RuntimeError("no NPU"))
+    body = worker_vllm.run({"model": "m", "seed": 0, "cases": ["vllm:m"]}, Progress(None, 8),
+                           tmp_path)
+    assert body["cases"][0]["status"] == "error"
+    assert "RuntimeError: no NPU" in body["cases"][0]["error"]
+
+
+# --- one tiny real simulator A/B, end to end in subprocesses ----------------------------------
+
+
+def test_real_sim_ab_end_to_end(tmp_path: Path):
+    cfg = ABConfig(out=tmp_path / "real", cases=["dense_gqa"], steps=3, seed=0, progress=False,
+                   timeout=240, warmup=0, order=["stock", "patched"])
+    runs, summary = _run(cfg)
+    assert [r.status for r in runs] == ["ok", "ok"], [r.error for r in runs]
+    case = summary.cases[0]
+    assert case.verdict == compare.PASS, case.reasons
+    assert case.tokens.startswith("equal") and case.eager == "ok"
+    patched = runs[1].result["cases"][0]
+    assert patched["counters"].get("updates.owned", 0) >= 3
+    assert runs[0].result["cases"][0]["counters"] == {}  # toggle off: the overlay never ran
+    assert len(patched["update_ns"]) == 3 and case.ratio is not None
+    paths = report.write(cfg, summary, runs)
+    assert json.loads(paths["json"].read_text())["verdict"] == "PASS"
