@@ -222,7 +222,8 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
     template = {"query": query, "key_cache": cache_t, "value_cache": cache_t, "num_kv_heads": 1,
                 "num_heads": 2, "scale_value": 1.0, "block_table": None, "context_lens": None,
                 "out": query, "workspace": None}  # fmt: skip
-    provider = PAProvider(workspace_for=get_workspace)
+    provider = PAProvider(workspace_for=get_workspace,
+                          shape_signature=PAProvider.signature_of(template))  # fmt: skip
     md = metadata([4], [5, 6, 7, 8])
     cache: dict = {}
     a = bound(provider, md, dict(template), cache)

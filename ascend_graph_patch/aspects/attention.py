@@ -122,7 +122,10 @@ def _register(scope: context.CaptureScope, kind: str, num_tokens: int, before: l
         provider = FIAV2Provider(workspace=_workspace_getter(scope, bucket, num_tokens))
     else:
         op = torch_npu._npu_paged_attention
-        provider = PAProvider(workspace_for=torch_npu._npu_paged_attention_get_workspace)
+        provider = PAProvider(
+            workspace_for=torch_npu._npu_paged_attention_get_workspace,
+            shape_signature=PAProvider.signature_of(template),
+        )
     scope.graph.add(
         UpdateTask(
             kind=kind,

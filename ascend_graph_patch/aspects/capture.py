@@ -8,6 +8,7 @@ only if every task group the stock capture appended to `GraphParams` was registe
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import vllm.envs as vllm_envs
@@ -24,6 +25,17 @@ from ascend_graph_patch.core.registry import REGISTRY
 ASPECT = "capture.v1"
 
 
+_v2_cache: list[Any] = [object(), False]  # (raw environment value, parsed value)
+
+
+def _v2_runner() -> bool:
+    """`vllm.envs.VLLM_USE_V2_MODEL_RUNNER`, re-parsed only when the raw variable changes."""
+    raw = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if raw != _v2_cache[0]:
+        _v2_cache[:] = [raw, bool(vllm_envs.VLLM_USE_V2_MODEL_RUNNER)]
+    return _v2_cache[1]
+
+
 def current_role(forward_context: Any = None) -> str:
     """Target / draft / draft prefill, read where vllm-ascend's `_EXTRA_CTX` proxy reads it.
 
@@ -31,7 +43,7 @@ def current_role(forward_context: Any = None) -> str:
     path's cost down while returning exactly what `_EXTRA_CTX.is_draft_model(_prefill)` would.
     """
     fc = forward_context if forward_context is not None else get_forward_context()
-    if vllm_envs.VLLM_USE_V2_MODEL_RUNNER:
+    if _v2_runner():
         extra = fc.additional_kwargs
         draft, prefill = extra.get("is_draft_model"), extra.get("is_draft_model_prefill")
     else:

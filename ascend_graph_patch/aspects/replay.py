@@ -30,10 +30,18 @@ ASPECT = "replay.update"
 _SKIP = object()
 
 
-def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
-    values = dict(zip(active.line.update_params, args, strict=False))
+def _arguments(active: context.Active, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+    """(update_stream, forward_context, draft_attn_metadatas) of a stock update call."""
+    params = active.line.update_params
+    if not kwargs and len(args) == len(params):  # how update_full_graph_params calls it
+        return args[0], args[1], args[-1]
+    values = dict(zip(params, args, strict=False))
     values.update(kwargs)
-    forward_context = values["forward_context"]
+    return values["update_stream"], values["forward_context"], values.get("draft_attn_metadatas")
+
+
+def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
+    update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
     role = current_role(forward_context)
     replay = context.CURRENT_REPLAY.get()
     descriptor = replay[1] if replay is not None else forward_context.batch_descriptor
@@ -47,7 +55,7 @@ def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
     if role == TARGET:
         source: Any = TargetSource(forward_context.attn_metadata)
     else:
-        source = DraftSource(values.get("draft_attn_metadatas"))
+        source = DraftSource(draft_attn_metadatas)
     try:
         resolved = owned.resolve(source)
     except ResolutionError as exc:
@@ -57,7 +65,7 @@ def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
     if active.mode == OBSERVE:
         state.count("updates.observed")
         return None
-    return owned, resolved, values["update_stream"]
+    return owned, resolved, update_stream
 
 
 def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) -> None:

@@ -34,11 +34,13 @@ class MetadataSource(Protocol):
     def lookup(self, metadata_key: str, step: int) -> Any: ...
 
 
-@dataclass(frozen=True)
 class TargetSource:
     """Target graphs read `forward_context.attn_metadata` (layer name -> metadata)."""
 
-    attn_metadata: Mapping[str, Any]
+    __slots__ = ("attn_metadata",)
+
+    def __init__(self, attn_metadata: Mapping[str, Any]) -> None:
+        self.attn_metadata = attn_metadata
 
     def lookup(self, metadata_key: str, step: int) -> Any:
         try:
@@ -47,11 +49,13 @@ class TargetSource:
             raise ResolutionError(f"no metadata for key {metadata_key!r}") from exc
 
 
-@dataclass(frozen=True)
 class DraftSource:
     """Draft graphs read the per-step list the proposer passes (`draft_attn_metadatas`)."""
 
-    per_step: Sequence[Mapping[str, Any]]
+    __slots__ = ("per_step",)
+
+    def __init__(self, per_step: Sequence[Mapping[str, Any]] | None) -> None:
+        self.per_step = per_step
 
     def lookup(self, metadata_key: str, step: int) -> Any:
         if self.per_step is None or step >= len(self.per_step):
@@ -104,11 +108,16 @@ class OwnedGraph:
     role: str
     descriptor: Any
     tasks: list[UpdateTask] = field(default_factory=list)
+    # Precomputed per graph (launch dicts are per task and persistent): what resolve walks and
+    # what it returns, so a replay step allocates nothing but the providers' fresh values.
+    _bindings: list[tuple] | None = field(default=None, repr=False)
+    _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
 
     def add(self, task: UpdateTask) -> None:
         if any(t.key == task.key for t in self.tasks):
             raise ResolutionError(f"duplicate task key {task.key}")
         self.tasks.append(task)
+        self._bindings = None
 
     def kinds(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -116,29 +125,33 @@ class OwnedGraph:
             out[t.kind] = out.get(t.kind, 0) + 1
         return out
 
+    def _prepare(self) -> list[tuple]:
+        self._bindings = [
+            (t.metadata_key, t.step, t.provider.bind, t.launch, t) for t in self.tasks
+        ]
+        self._resolved = [(t, t.launch) for t in self.tasks]
+        return self._bindings
+
     def resolve(self, source: MetadataSource) -> list[ResolvedTask]:
         """Bind every task's fresh launch arguments, before any runtime call.
 
         Nothing the runtime or the stock path can see changes: a failure here leaves the step
         free to go to the stock update.
         """
+        bindings = self._bindings if self._bindings is not None else self._prepare()
         cache: dict = {}
-        resolved: list[ResolvedTask] = []
-        append = resolved.append
         lookup = source.lookup
-        for task in self.tasks:
-            metadata = lookup(task.metadata_key, task.step)
-            launch = task.launch
+        for metadata_key, step, bind, launch, task in bindings:
+            metadata = lookup(metadata_key, step)
             try:
-                task.provider.bind(metadata, launch, cache)
+                bind(metadata, launch, cache)
             except ResolutionError:
                 raise
             except Exception as exc:  # a provider bug must not leave events unrecorded
                 raise ResolutionError(f"{task.kind} provider failed for {task.key}: {exc!r}") from (
                     exc
                 )
-            append((task, launch))
-        return resolved
+        return list(self._resolved)
 
     def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
         """Update each task once and record its event, on `update_stream`.
@@ -148,19 +161,21 @@ class OwnedGraph:
         """
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
-        with runtime.stream(update_stream):
-            for index, (task, kwargs) in enumerate(resolved):
-                try:
+        done = 0
+        try:
+            with runtime.stream(update_stream):
+                for task, kwargs in resolved:
                     begin(update_stream, task.handle)
                     try:
                         task.op(**kwargs)
                     finally:
                         end(update_stream)
-                except BaseException:
-                    for rest, _ in resolved[index:]:
-                        try:
-                            rest.event.record(update_stream)
-                        except Exception:
-                            pass
-                    raise
-                task.event.record(update_stream)
+                    task.event.record(update_stream)
+                    done += 1
+        except BaseException:
+            for rest, _ in resolved[done:]:
+                try:
+                    rest.event.record(update_stream)
+                except Exception:
+                    pass
+            raise

@@ -41,7 +41,10 @@ class FIAProvider:
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         launch["actual_seq_lengths"] = metadata.actual_seq_lengths_q
         launch["actual_seq_lengths_kv"] = metadata.seq_lens_list
-        launch["workspace"] = _graph_workspace(self.workspace, cache)
+        try:
+            launch["workspace"] = cache[id(self.workspace)]
+        except KeyError:
+            launch["workspace"] = _graph_workspace(self.workspace, cache)
         if self.draft or self.rebind_block_table:
             launch["block_table"] = metadata.block_tables
         if self.draft:
@@ -62,20 +65,18 @@ class FIAV2Provider:
 @dataclass(frozen=True, slots=True)
 class PAProvider:
     workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
+    shape_signature: tuple = ()  # what else the workspace size depends on (static per task)
     kind: str = PA
+
+    @staticmethod
+    def signature_of(template: dict[str, Any]) -> tuple:
+        query, key_cache = template["query"], template["key_cache"]
+        return (tuple(query.shape), query.dtype, tuple(key_cache.shape),
+                template["num_kv_heads"], template["num_heads"])  # fmt: skip
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         context_lens = metadata.seq_lens
-        query = launch["query"]
-        key_cache = launch["key_cache"]
-        signature = (
-            id(context_lens),
-            tuple(query.shape),
-            query.dtype,
-            tuple(key_cache.shape),
-            launch["num_kv_heads"],
-            launch["num_heads"],
-        )
+        signature = (id(context_lens), self.shape_signature)
         workspace = cache.get(signature)
         if workspace is None:
             args = {k: v for k, v in launch.items() if k != "workspace"}

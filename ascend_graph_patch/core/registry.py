@@ -17,12 +17,15 @@ class GraphRegistry:
         # (role, descriptor) -> {id(owner): weakref(graph)}; owner = the wrapper / manager.
         self._index: dict[tuple[str, Any], dict[int, weakref.ref]] = {}
         self.refused: dict[tuple[str, Any], str] = {}
+        # (role, descriptor) -> (weakref(graph), owned) when exactly one owner holds the key.
+        self._fast: dict[tuple[str, Any], tuple[weakref.ref, OwnedGraph]] = {}
 
     def register(self, owner: Any, graph: Any, owned: OwnedGraph) -> None:
         self._owned[graph] = owned
         slot = self._index.setdefault((owned.role, owned.descriptor), {})
         slot[id(owner)] = weakref.ref(graph)
         self.refused.pop((owned.role, owned.descriptor), None)
+        self._fast.pop((owned.role, owned.descriptor), None)
 
     def refuse(self, owner: Any, role: str, descriptor: Any, reason: str) -> None:
         """Remember a graph left to stock (and drop any older owned graph of that owner/key)."""
@@ -30,16 +33,24 @@ class GraphRegistry:
         if slot is not None:
             slot.pop(id(owner), None)
         self.refused[(role, descriptor)] = reason
+        self._fast.pop((role, descriptor), None)
 
     def lookup(self, role: str, descriptor: Any) -> OwnedGraph | None:
         """The one live owned graph for this key, or None (unknown or ambiguous: stock)."""
-        slot = self._index.get((role, descriptor))
+        key = (role, descriptor)
+        fast = self._fast.get(key)
+        if fast is not None and fast[0]() is not None:
+            return fast[1]
+        slot = self._index.get(key)
         if not slot:
             return None
-        alive = [g for g in (ref() for ref in slot.values()) if g is not None]
+        alive = [(ref, g) for ref, g in ((r, r()) for r in slot.values()) if g is not None]
         if len(alive) != 1:
             return None
-        return self._owned.get(alive[0])
+        owned = self._owned.get(alive[0][1])
+        if owned is not None:
+            self._fast[key] = (alive[0][0], owned)
+        return owned
 
     def owned_for(self, graph: Any) -> OwnedGraph | None:
         return self._owned.get(graph)
@@ -51,6 +62,7 @@ class GraphRegistry:
         self._owned = weakref.WeakKeyDictionary()
         self._index.clear()
         self.refused.clear()
+        self._fast.clear()
 
 
 REGISTRY = GraphRegistry()
