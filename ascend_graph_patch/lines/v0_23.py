@@ -146,11 +146,38 @@ V1_CHECKS = (
     Check("absent", ATTN_UTILS, "PagedAttentionGraphParam"),
 )
 
+# Model runner v2 (group "v2"; research/hook_points.md 1.4, 1.5, 3.3).
+V2_ACL = "vllm_ascend.worker.v2.aclgraph_utils"
+V2_UTILS = "vllm_ascend.worker.v2.utils"
+V2_EAGLE = "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph"
+V2_CG = "vllm.v1.worker.gpu.cudagraph_utils"
+V2_CHECKS = (
+    Check("has", V2_ACL, "", ("ModelAclGraphManager", "ModelWithContext")),
+    Check("has", V2_EAGLE, "", ("PrefillEagleAclGraphManager", "DecodeEagleCudaGraphManager")),
+    Check("has", V2_UTILS, "", ("torch_npu_graph_wrapper", "torch_cuda_wrapper")),
+    Check("signature", V2_ACL, "ModelAclGraphManager.run_fullgraph", ("self", "desc")),
+    Check("signature", V2_EAGLE, "PrefillEagleAclGraphManager.run_fullgraph", ("self", "desc")),
+    Check("signature", V2_EAGLE, "PrefillEagleAclGraphManager.capture",
+          ("self", "forward_fn", "attn_states", "progress_bar_desc")),  # fmt: skip
+    Check("signature", V2_UTILS, "torch_npu_graph_wrapper", ("args", "kwargs")),
+    Check("source", V2_UTILS, "torch_cuda_wrapper",
+          ("torch.cuda.graph = torch_npu_graph_wrapper",)),  # fmt: skip
+    Check("source", V2_ACL, "ModelAclGraphManager.run_fullgraph",
+          ("super().run_fullgraph(desc)", "update_full_graph_params", "batch_descriptor=None")),
+    Check("source", V2_EAGLE, "PrefillEagleAclGraphManager.run_fullgraph",
+          ("build_draft_attn_metadatas", "super().run_fullgraph(desc)",
+           "draft_attn_metadatas=draft_attn_metadatas")),  # fmt: skip
+    Check("source", V2_CG, "CudaGraphManager.capture",
+          ("torch.cuda.CUDAGraph()", "torch.cuda.graph(graph", "self.graphs[desc] = graph")),
+    Check("fields", V2_CG, "BatchExecutionDescriptor",
+          ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count")),
+)
+
 LINE = Line(
     name="0.23",
     vllm_ascend_versions=frozenset({"0.23.0", "0.23.0.post1"}),
     vllm_versions=frozenset({"0.23.0"}),
-    checks={"v1": V1_CHECKS},
+    checks={"v1": V1_CHECKS, "v2": V2_CHECKS},
     tuple_arity={FIA: len(FIA_FIELDS), FIA_V2: len(FIA_V2_FIELDS), PA: len(PA_FIELDS)},
     templates={FIA: fia_template, FIA_V2: fia_v2_template, PA: pa_template},
     update_params=UPDATE_PARAMS,

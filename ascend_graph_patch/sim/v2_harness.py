@@ -1,0 +1,363 @@
+"""Model runner v2 graph managers on the simulator: the v2 target and draft-prefill graphs.
+
+What is real: vllm-ascend's ``ModelAclGraphManager.capture`` / ``run_fullgraph``
+(``ModelWithContext``, ``communicator_switch``, replay then update with
+``model_state.attn_metadata`` and ``batch_descriptor=None``); ``PrefillEagleAclGraphManager``
+whole (``__init__``, ``capture`` with ``model_capture_wrapper``, ``run_fullgraph`` with the real
+``AscendEagleSpeculator.build_draft_attn_metadatas``); vLLM's ``CudaGraphManager`` descriptor
+set-up, capture loop (``torch.cuda.CUDAGraph()``, ``with torch.cuda.graph(graph, pool)``,
+``self.graphs[desc] = graph``) and replay; ``torch_cuda_wrapper`` (installs
+``torch_npu_graph_wrapper`` as ``torch.cuda.graph``; this harness restores the ``torch.cuda``
+attributes at close, the release never does); the real attention impl and metadata builder.
+
+Shim (documented deviation): the release's ``ModelAclGraphManager`` was written against a newer
+vLLM. On vLLM 0.23.0 its ``__init__`` passes ``lora_capture_cases=`` and its ``capture`` passes
+``lora_capture_hook=`` to ``ModelCudaGraphManager``, which takes neither: stock cannot construct
+it (``TypeError``, asserted by ``tests/test_v2.py``). ``CompatModelAclGraphManager`` slots
+``_Compat`` between the release class and ``ModelCudaGraphManager`` in the MRO: it accepts those
+keywords and, instead of ``prepare_inputs_to_capture`` (which needs the whole v2 runner state),
+builds the toy model's inputs and attention metadata itself, then runs the real
+``CudaGraphManager.capture`` loop. The release's own ``capture`` and ``run_fullgraph`` bodies run
+unchanged on top of it. The model runner and the speculator are ``SimpleNamespace`` stand-ins with
+only the attributes the managers read.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from types import MethodType, SimpleNamespace
+from typing import Any
+
+import torch
+
+from ascend_graph_patch.sim.harness import _VOCAB, Scenario, SimEngine
+
+__all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
+
+_CUDA_ATTRS = ("Event", "Stream", "stream", "default_stream", "current_stream",
+               "graph_pool_handle", "CUDAGraph", "graph", "synchronize", "set_stream",
+               "current_device", "mem_get_info")  # fmt: skip
+
+
+def _compat_classes() -> tuple[type, type]:
+    from vllm.v1.worker.gpu.cudagraph_utils import (
+        AttentionState,
+        CudaGraphManager,
+        ModelCudaGraphManager,
+    )
+    from vllm_ascend.worker.v2.aclgraph_utils import ModelAclGraphManager
+
+    class _Compat(ModelCudaGraphManager):
+        """vLLM-0.23.0 adapter under the release's manager (see the module docstring)."""
+
+        def __init__(self, vllm_config: Any, device: Any, cudagraph_mode: Any,
+                     decode_query_len: int, lora_capture_cases: Any = None) -> None:
+            super().__init__(vllm_config, device, cudagraph_mode, decode_query_len)
+
+        def capture(self, model: Any, model_state: Any, input_buffers: Any,
+                    intermediate_tensors: Any, block_tables: Any, attn_groups: Any,
+                    kv_cache_config: Any, has_lora: bool = False,
+                    use_aux_hidden_state_outputs: bool = False, lora_capture_hook: Any = None,
+                    progress_bar_desc: str = "Capturing CUDA graphs") -> Any:
+            from vllm.forward_context import set_forward_context
+
+            engine: V2Engine = self.engine  # type: ignore[attr-defined]
+
+            def create_forward_fn(desc: Any, warmup: bool) -> Any:
+                num_tokens = desc.num_tokens
+                md = engine.capture_metadata(desc)
+
+                def forward_fn(cg_mode: Any) -> None:
+                    with set_forward_context(md, self.vllm_config, num_tokens=num_tokens,
+                                             cudagraph_runtime_mode=cg_mode, slot_mapping=None):
+                        out = model(engine.input_ids[:num_tokens], engine.positions[:num_tokens])
+                    if self.hidden_states is None:
+                        self.hidden_states = torch.empty(
+                            engine.max_tokens, out.shape[-1], dtype=out.dtype
+                        )
+                    self.hidden_states[:num_tokens] = out
+
+                return forward_fn, AttentionState(md, {})
+
+            return CudaGraphManager.capture(self, create_forward_fn, progress_bar_desc)
+
+    class CompatModelAclGraphManager(ModelAclGraphManager, _Compat):
+        """The release ``ModelAclGraphManager`` over the 0.23.0 adapter."""
+
+    return _Compat, CompatModelAclGraphManager
+
+
+def stock_model_manager_error(vllm_config: Any, runner: Any) -> BaseException | None:
+    """Construct the release ``ModelAclGraphManager`` as the v2 runner would; the error, if any."""
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.worker.v2.aclgraph_utils import ModelAclGraphManager
+
+    try:
+        ModelAclGraphManager(vllm_config, torch.device("cpu"), CUDAGraphMode.FULL_DECODE_ONLY, 1,
+                             runner)
+    except BaseException as exc:  # noqa: BLE001 - reported as evidence
+        return exc
+    return None
+
+
+@dataclass
+class V2Batch:
+    step: int
+    seq_lens: list[int]  # kv length per request including this step's query tokens
+    positions: list[int]  # first query position per request
+    slots: list[int]
+    input_ids: torch.Tensor  # (num_reqs * qlen,)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens)
+
+
+class V2Engine(SimEngine):
+    """A v2 graph manager (target, draft prefill, or draft) over the toy model of a scenario.
+
+    ``role="target"``: ``ModelAclGraphManager`` (through the 0.23.0 shim), one query token per
+    request. ``role="draft_prefill"``: ``PrefillEagleAclGraphManager`` with
+    ``decode_query_len = qlen > 1`` (the draft prefill of ``num_speculative_steps + 1`` tokens).
+    ``role="draft"``: the same class with ``decode_query_len = 1`` (a draft decode manager).
+    """
+
+    def __init__(self, scenario: Scenario, role: str = "target", qlen: int = 1) -> None:
+        self.role = role
+        self.qlen = qlen if role == "draft_prefill" else 1
+        self._saved_cuda: dict[str, Any] = {}
+        self._saved_env: str | None = None
+        super().__init__(scenario)
+
+    # ---- construction ----------------------------------------------------------------------
+
+    def _build_wrapper(self) -> None:
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+        from vllm_ascend.worker.v2 import utils as v2_utils
+
+        self._saved_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # _EXTRA_CTX reads v2's additional_kwargs
+        self._saved_cuda = {a: getattr(torch.cuda, a) for a in _CUDA_ATTRS
+                            if hasattr(torch.cuda, a)}
+        with v2_utils.torch_cuda_wrapper():  # as NPUModelRunner.__init__ (v2) does
+            pass
+        self.update_stream = torch.npu.Stream()
+        self.model_state = SimpleNamespace(attn_metadata=None)
+        self.hidden_out = torch.zeros(self.max_tokens, 128)
+        mode = CUDAGraphMode.FULL_DECODE_ONLY
+        if self.role == "target":
+            runner = SimpleNamespace(
+                input_buffers=SimpleNamespace(positions=self.positions), dp_size=1,
+                model_state=self.model_state, update_stream=self.update_stream,
+                attn_groups=[[SimpleNamespace(backend=AscendAttentionBackend)]],
+                speculative_config=None,
+            )
+            self.runner = runner
+            _, manager_cls = _compat_classes()
+            self.manager = manager_cls.__new__(manager_cls)
+            self.manager.engine = self
+            manager_cls.__init__(self.manager, self.vllm_config, torch.device("cpu"), mode, 1,
+                                 runner)
+        else:
+            from vllm_ascend.worker.v2.spec_decode.eagle.aclgraph import (
+                PrefillEagleAclGraphManager,
+            )
+            from vllm_ascend.worker.v2.spec_decode.eagle.speculator import AscendEagleSpeculator
+
+            spec = SimpleNamespace(
+                model=self.model, input_buffers=SimpleNamespace(positions=self.positions),
+                dp_size=1, model_state=self.model_state, update_stream=self.update_stream,
+                attn_backends={"draft": AscendAttentionBackend}, speculative_config=None,
+                draft_attn_layer_names={s.name for s in self.scenario.layers}, input_batch=None,
+            )
+            spec.build_draft_attn_metadatas = MethodType(
+                AscendEagleSpeculator.build_draft_attn_metadatas, spec
+            )
+            self.speculator = spec
+            self.manager = PrefillEagleAclGraphManager(
+                self.vllm_config, torch.device("cpu"), mode, self.qlen, spec
+            )
+        self._batch_rng = random.Random(self.scenario.seed)
+        self._computed = [self._batch_rng.randrange(0, self.scenario.max_kv_len - 2 * self.qlen)
+                          for _ in range(self.max_num_reqs)]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        super().close()
+        for name, value in self._saved_cuda.items():
+            setattr(torch.cuda, name, value)
+        if self._saved_env is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self._saved_env
+        self.manager = None
+
+    # ---- descriptors and metadata ----------------------------------------------------------
+
+    def descriptors(self) -> list[Any]:
+        from vllm.config import CUDAGraphMode
+
+        return sorted(self.manager._capture_descs.get(CUDAGraphMode.FULL, []),
+                      key=lambda d: d.num_tokens)
+
+    def desc_for(self, num_reqs: int) -> Any:
+        return next(d for d in self.descriptors() if d.num_reqs >= num_reqs)
+
+    def metadata(self, num_reqs: int, num_reqs_padded: int, seq_lens: list[int],
+                 capturing: bool) -> dict[str, Any]:
+        """Metadata as the v2 runner builds it: ``qlen`` tokens per request, padded requests."""
+        from vllm_ascend.attention.attention_v1 import AscendAttentionState
+        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+        q, n, nr = self.qlen, num_reqs, num_reqs_padded
+        qsl = self.query_start_loc
+        qsl.zero_()
+        qsl[1 : nr + 1] = torch.arange(1, nr + 1, dtype=torch.int32) * q
+        self.seq_lens_cpu.zero_()
+        self.seq_lens_cpu[:nr] = q  # padded requests see q (stale) tokens of block 0
+        self.seq_lens_cpu[:n] = torch.tensor(seq_lens, dtype=torch.int32)
+        self.seq_lens_dev.copy_(self.seq_lens_cpu)
+        state = AscendAttentionState.DecodeOnly if q == 1 else AscendAttentionState.ChunkedPrefill
+        out: dict[str, Any] = {}
+        for group in self.groups:
+            group.block_table[n:nr].fill_(0)
+            group.slot_mapping[n * q : nr * q].fill_(-1)
+            cm = AscendCommonAttentionMetadata(
+                query_start_loc=qsl[: nr + 1], query_start_loc_cpu=qsl[: nr + 1],
+                seq_lens=self.seq_lens_dev[:nr], _seq_lens_cpu=self.seq_lens_cpu[:nr],
+                seq_lens_cpu_upper_bound=self.seq_lens_cpu[:nr],
+                seq_lens_cpu=self.seq_lens_cpu[:nr], num_reqs=nr, num_actual_tokens=n * q,
+                max_query_len=q,
+                max_seq_len=self.max_model_len if capturing else int(self.seq_lens_cpu.max()),
+                block_table_tensor=group.block_table[:nr],
+                slot_mapping=group.slot_mapping[: nr * q],
+                causal=True, num_input_tokens=nr * q, positions=self.positions,
+                attn_state=state, decode_token_per_req=q,
+            )
+            md = (group.builder.build_for_cudagraph_capture(cm) if capturing
+                  else group.builder.build(common_prefix_len=0, common_attn_metadata=cm))
+            for name in group.layer_names:
+                out[name] = md
+        return out
+
+    def capture_metadata(self, desc: Any) -> dict[str, Any]:
+        nr = desc.num_reqs
+        self.input_ids[: desc.num_tokens].zero_()
+        self.positions[: desc.num_tokens].zero_()
+        for group in self.groups:
+            group.block_table[:nr].zero_()
+            group.slot_mapping[: desc.num_tokens].fill_(-1)
+        return self.metadata(nr, nr, [self.qlen] * nr, capturing=True)
+
+    # ---- capture ---------------------------------------------------------------------------
+
+    def capture_all(self) -> None:
+        """The runner's capture: every FULL descriptor of the manager."""
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.worker.gpu.cudagraph_utils import AttentionState, AttentionStatePair
+
+        self._ensure_graph_params()
+        with set_current_vllm_config(self.vllm_config):
+            if self.role == "target":
+                self.manager.capture(self.model, self.model_state, None, None, None, None, None)
+            else:
+                states = {d: AttentionStatePair(AttentionState(self.capture_metadata(d), {}),
+                                                AttentionState(self.capture_metadata(d), {}))
+                          for d in self.descriptors()}
+                spec = self.speculator
+
+                def forward_fn(num_reqs: int, num_tokens: int, attn_metadata: Any,
+                               slot_mappings: Any, num_tokens_across_dp: Any, cg_mode: Any) -> None:
+                    with set_forward_context(attn_metadata, self.vllm_config,
+                                             num_tokens=num_tokens, cudagraph_runtime_mode=cg_mode,
+                                             slot_mapping=None):
+                        out = spec.model(self.input_ids[:num_tokens], self.positions[:num_tokens])
+                    self.hidden_out[:num_tokens] = out
+
+                self.manager.capture(forward_fn, states)
+            torch.npu.synchronize()
+
+    def _ensure_graph_params(self) -> None:
+        import vllm_ascend.compilation.acl_graph as acl_graph
+
+        sizes = list(self.scenario.capture_sizes)
+        for get, put in ((acl_graph.get_graph_params, acl_graph.set_graph_params),
+                         (acl_graph.get_draft_graph_params, acl_graph.set_draft_graph_params),
+                         (acl_graph.get_draft_graph_prefill_params,
+                          acl_graph.set_draft_graph_prefill_params)):  # fmt: skip
+            if get() is None:
+                put(sizes)
+
+    # ---- workload --------------------------------------------------------------------------
+
+    def v2_batch(self, rng: random.Random) -> V2Batch:
+        q = self.qlen
+        max_reqs = max(d.num_reqs for d in self.descriptors())
+        n = rng.randint(1, max_reqs)
+        slots = rng.sample(range(self.max_num_reqs), n)
+        positions, seq_lens = [], []
+        for s in slots:
+            if self._computed[s] + q > self.scenario.max_kv_len:
+                self._computed[s] = rng.randrange(0, self.scenario.max_kv_len // 2)
+            positions.append(self._computed[s])
+            seq_lens.append(self._computed[s] + q)
+            self._computed[s] += q
+        self._step += 1
+        ids = torch.tensor([rng.randrange(_VOCAB) for _ in range(n * q)], dtype=torch.int64)
+        return V2Batch(self._step, seq_lens, positions, slots, ids)
+
+    def _load(self, batch: V2Batch, num_tokens: int) -> None:
+        q, n, bs = self.qlen, batch.num_reqs, self.block_size
+        self.input_ids[:num_tokens].zero_()
+        self.positions[:num_tokens].zero_()
+        self.input_ids[: n * q] = batch.input_ids
+        pos = torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
+        self.positions[: n * q] = pos
+        rows = torch.tensor([[1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
+                              for b in range(self.max_blocks)] for s in batch.slots],
+                            dtype=torch.int32)
+        tok_rows = rows.repeat_interleave(q, dim=0)
+        blk = tok_rows.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
+        for group in self.groups:
+            group.block_table[:n] = rows
+            group.slot_mapping[: n * q] = blk * bs + pos % bs
+
+    def run_v2_graph(self, batch: V2Batch) -> torch.Tensor:
+        """Replay through the manager's ``run_fullgraph`` (replay, then the stock update seam)."""
+        from vllm.config import set_current_vllm_config
+
+        desc = self.desc_for(batch.num_reqs)
+        t = batch.num_reqs * self.qlen
+        with set_current_vllm_config(self.vllm_config):
+            self._load(batch, desc.num_tokens)
+            self.model_state.attn_metadata = self.metadata(
+                batch.num_reqs, desc.num_reqs, batch.seq_lens, capturing=False
+            )
+            ret = self.manager.run_fullgraph(desc)
+            torch.npu.synchronize()
+        out = ret if self.role == "target" else self.hidden_out
+        return out[:t].clone()
+
+    def run_v2_eager(self, batch: V2Batch) -> torch.Tensor:
+        from vllm.config import CUDAGraphMode, set_current_vllm_config
+        from vllm.forward_context import set_forward_context
+
+        n, t = batch.num_reqs, batch.num_reqs * self.qlen
+        with set_current_vllm_config(self.vllm_config):
+            self._load(batch, t)
+            md = self.metadata(n, n, batch.seq_lens, capturing=False)
+            with set_forward_context(md, self.vllm_config, num_tokens=t,
+                                     cudagraph_runtime_mode=CUDAGraphMode.NONE):
+                out = self.model(self.input_ids[:t], self.positions[:t])
+            torch.npu.synchronize()
+        return out[:t].clone()
+
+    def restore_kv(self, snapshot: dict[str, torch.Tensor]) -> None:
+        for layer in self.layers:
+            if layer.spec.name in snapshot:
+                layer.kv_cache.copy_(snapshot[layer.spec.name])
