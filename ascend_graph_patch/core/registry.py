@@ -17,8 +17,9 @@ class GraphRegistry:
         # (role, descriptor) -> {id(owner): weakref(graph)}; owner = the wrapper / manager.
         self._index: dict[tuple[str, Any], dict[int, weakref.ref]] = {}
         self.refused: dict[tuple[str, Any], str] = {}
-        # (role, descriptor) -> (weakref(graph), owned) when exactly one owner holds the key.
-        self._fast: dict[tuple[str, Any], tuple[weakref.ref, OwnedGraph]] = {}
+        # (role, descriptor) -> (weakref(graph), weakref(owned)) when one owner holds the key;
+        # weak on both sides, so the fast path never keeps a dead graph's tasks alive.
+        self._fast: dict[tuple[str, Any], tuple[weakref.ref, weakref.ref]] = {}
 
     def register(self, owner: Any, graph: Any, owned: OwnedGraph) -> None:
         self._owned[graph] = owned
@@ -40,7 +41,9 @@ class GraphRegistry:
         key = (role, descriptor)
         fast = self._fast.get(key)
         if fast is not None and fast[0]() is not None:
-            return fast[1]
+            owned = fast[1]()
+            if owned is not None:
+                return owned
         slot = self._index.get(key)
         if not slot:
             return None
@@ -49,7 +52,7 @@ class GraphRegistry:
             return None
         owned = self._owned.get(alive[0][1])
         if owned is not None:
-            self._fast[key] = (alive[0][0], owned)
+            self._fast[key] = (alive[0][0], weakref.ref(owned))
         return owned
 
     def owned_for(self, graph: Any) -> OwnedGraph | None:
