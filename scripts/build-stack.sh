@@ -15,14 +15,19 @@ t0=$(date +%s)
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 export PIP_CONSTRAINT=$ROOT/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-pip() { "$VENV/bin/python" -m pip "$@"; }
+# This machine's pip config names extra local indexes that may be absent; pip then warns once per
+# package ("Location ... is ignored"). Drop those lines, keep everything else, keep pip's status.
+pip() {
+  "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
 pip install -q torch==2.13.0
 pip install -q 'setuptools>=77.0.3,<81' 'setuptools-scm>=8' 'setuptools-rust>=1.9' wheel 'packaging>=24.2' jinja2
 if ! "$VENV/bin/python" -c 'import importlib.metadata as m; assert m.version("vllm")=="0.23.0"' 2>/dev/null; then
   # No cargo on PATH: vLLM's optional Rust frontend is skipped instead of fetching crates.
   NOCARGO_PATH=$(echo "$PATH" | tr ':' '\n' | grep -v -e cargo -e rustup | paste -sd:)
   PATH=$NOCARGO_PATH VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.23.0 \
-    "$VENV/bin/python" -m pip install -q --no-build-isolation --no-binary vllm vllm==0.23.0
+    pip install -q --no-build-isolation --no-binary vllm vllm==0.23.0
 fi
 # xgrammar drags in a CUDA triton (~1 GB); vllm-ascend's CI removes it too.
 pip uninstall -y -q triton >/dev/null 2>&1 || true

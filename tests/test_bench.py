@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ascend_graph_patch.bench import command, core
+
+
+@pytest.fixture(autouse=True)
+def _overlay_off_after() -> Iterator[None]:
+    """The bench enables the overlay in-process; later test modules expect it off."""
+    yield
+    from ascend_graph_patch import activation
+
+    activation.disable()
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -23,16 +35,70 @@ def test_quick_bench_prints_ratios_and_writes_json(tmp_path: Path, capfd):
     text = capfd.readouterr().out
     assert rc == 0, text
     assert "overlay/stock" in text and "overlay/floor" in text
+    assert "not measured" not in text
     data = json.loads(out.read_text())
     kinds = {p["kind"] for p in data["points"]}
-    assert kinds == set(core.KINDS)
+    assert kinds == set(core.KINDS) and core.MTP_KIND in kinds
     assert len(data["points"]) == len(core.KINDS) * 4
     for p in data["points"]:
         assert p["error"] is None, p
-        # the floor and the overlay drive exactly the captured tasks: one per layer
-        assert p["tasks"] == p["layers"]
+        # the floor and the overlay drive exactly the captured tasks: one per layer per step
+        assert p["steps"] == (core.MTP_STEPS if p["kind"] == core.MTP_KIND else 1)
+        assert p["tasks"] == p["layers"] * p["steps"]
         assert p["stock_us"] > 0 and p["overlay_us"] > 0 and p["floor_us"] > 0
         assert p["vs_stock"] == p["overlay_us"] / p["stock_us"]
+        assert p["vs_floor"] == p["overlay_us"] / p["floor_us"]
+    # the MTP rows are in the printed table, with both ratios (4 layers x 3 steps = 12 tasks)
+    mtp_rows = [line.split() for line in text.splitlines() if line.startswith(core.MTP_KIND)]
+    assert len(mtp_rows) == 4, text
+    for row in mtp_rows:
+        layers, tasks = int(row[2]), int(row[4])
+        assert tasks == 3 * layers
+        assert len(row) >= 10 and all(_number(v) for v in row[5:8]), row
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_mtp_point_is_a_draft_update(mocker):
+    """The MTP kind updates under a draft context with the proposer's draft_attn_metadatas."""
+    from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
+
+    from ascend_graph_patch import state
+
+    core._prepare()
+    engine = core._engine(core.KINDS[core.MTP_KIND](2, (4,)), (4,))
+    seen = []
+    real = core._stock_update()
+
+    def stock(*args):
+        seen.append(args)
+        return real(*args)
+
+    mocker.patch.object(core, "_stock_update", return_value=stock)
+    try:
+        before = state.STATE.counters["updates.owned"]
+        point = core.measure_point(engine, core.MTP_KIND, 2, 4, rounds=1, inner=1)
+        overlay_updates = state.STATE.counters["updates.owned"] - before
+    finally:
+        core._close(engine)
+    assert point.error is None and point.tasks == 6 and point.steps == 3
+    assert point.vs_stock is not None and point.vs_floor is not None
+    assert overlay_updates >= 1 + 3 + 1  # warm-up, owned check, one round: never stock
+    stream, fc, num_tokens, _cfg, _spec, dcp, per_step = seen[0]
+    assert fc.is_draft_model and num_tokens == 4 and dcp is None
+    assert len(per_step) == 3 and all(len(step) == 2 for step in per_step)
+    assert AscendAttentionBackendImpl.update_graph_params is not real
+
+
+def test_kind_aliases():
+    assert command._kind("mtp") == command._kind(" MTP k=3 ") == core.MTP_KIND
+    assert command._kind("fia-v2") == "FIA-v2" and command._kind("nope") == "nope"
 
 
 def test_capture_overhead_reports_both_arms():

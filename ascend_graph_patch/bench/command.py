@@ -28,10 +28,27 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _kind(text: str) -> str:
+    """A kind name as given, or the table's name it matches ignoring case and blanks ("mtp",
+    "mtpk=3" -> "MTP k=3"): "MTP k=3" has a blank that shells make awkward."""
+    from ascend_graph_patch.bench import core
+
+    text = text.strip()
+    if text in core.KINDS:
+        return text
+    norm = text.replace(" ", "").lower()
+    for name in core.KINDS:
+        if norm in (name.replace(" ", "").lower(), name.split()[0].lower()):
+            return name
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small sweep (layers 1,28 x batch 1,64), fewer rounds")
-    parser.add_argument("--kinds", default=None, help="comma-separated kinds (default: all)")
+    parser.add_argument("--kinds", default=None,
+                        help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp); "
+                             "default: all")
     parser.add_argument("--layers", type=_ints, default=None, help="e.g. 1,28,64,94")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,64,256")
     parser.add_argument("--rounds", type=int, default=None,
@@ -111,7 +128,7 @@ def summary_lines(result: Any) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ascend_graph_patch.bench import core
 
-    kinds = [k.strip() for k in (args.kinds or ",".join(core.KINDS)).split(",") if k.strip()]
+    kinds = [_kind(k) for k in (args.kinds or ",".join(core.KINDS)).split(",") if k.strip()]
     unknown = [k for k in kinds if k not in core.KINDS]
     if unknown:
         print(f"ascend-graph-patch bench: error: unknown kind(s) {', '.join(unknown)}; "
@@ -148,8 +165,6 @@ def run(args: argparse.Namespace) -> int:
     print(table(result.points))
     for line in summary_lines(result):
         print(line)
-    if core.KINDS.keys() == {"FIA", "FIA-v2", "PA"}:
-        print("(MTP k=3: not measured, the simulator harness has no draft scenario yet)")
     if args.json_path:
         data = {"points": [dict(asdict(p), vs_stock=p.vs_stock, vs_floor=p.vs_floor)
                            for p in result.points],

@@ -6,6 +6,12 @@ resolve + apply, and the floor, i.e. the bare runtime calls one update needs (be
 record per task, with arguments prebuilt once). The overlay is enabled in-process before the
 engine captures (tasks are registered at capture); the stock path is the unwrapped staticmethod.
 The three are interleaved round by round so drift hits all of them alike.
+
+Target kinds (FIA, FIA-v2, PA) update one task per layer under a target forward context. The
+``MTP k=3`` kind is the merged multi-step draft graph of ``sim.draft_harness`` (the real
+``_run_merged_draft`` in a real ``ACLGraphWrapper(use_eagle=True)``): 3 tasks per draft layer,
+updated under a draft forward context with the arguments the proposer's
+``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included.
 """
 
 from __future__ import annotations
@@ -60,12 +66,28 @@ def _pa(layers: int, batches: tuple[int, ...]) -> Any:
                     capture_sizes=batches, max_kv_len=128, pa_shape_list=batches)
 
 
-#: kind -> scenario factory(layers, capture sizes). Extensible: an MTP k=3 kind needs a draft
-#: scenario in the harness (drafts update through ``draft_attn_metadatas``), not yet there.
+MTP_KIND = "MTP k=3"
+MTP_STEPS = 3
+
+
+def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
+    """A merged MTP draft of ``layers`` attention layers, 3 speculative tokens (one KV group)."""
+    from ascend_graph_patch.sim.draft_harness import DraftScenario, draft_layer
+    from ascend_graph_patch.sim.harness import LayerSpec
+
+    return DraftScenario(name=f"bench_mtp_k{MTP_STEPS}_{layers}",
+                         layers=tuple(LayerSpec(draft_layer(i), num_heads=2, num_kv_heads=1)
+                                      for i in range(layers)),
+                         num_speculative_tokens=MTP_STEPS, capture_sizes=batches, max_kv_len=128)
+
+
+#: kind -> scenario factory(layers, capture sizes). A factory returning a ``DraftScenario`` is
+#: built as a ``DraftEngine`` and measured as a draft update (see ``_DraftStep``).
 KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
     "FIA": _fia,
     "FIA-v2": _fia_v2,
     "PA": _pa,
+    MTP_KIND: _mtp,
 }
 
 
@@ -75,6 +97,7 @@ class Point:
     layers: int
     batch: int
     tasks: int = 0
+    steps: int = 1  # draft steps per graph: tasks == layers * steps
     stock_us: float | None = None
     overlay_us: float | None = None
     floor_us: float | None = None
@@ -117,7 +140,13 @@ def _stock_update() -> Callable[..., Any]:
 
 
 class _Step:
-    """One decode step's forward context for a captured size, kept open while timing."""
+    """One decode step's forward context for a captured size, kept open while timing.
+
+    ``args`` are the positional arguments ``update_full_graph_params`` passes to
+    ``update_graph_params``; ``source`` is what the overlay resolves its tasks from.
+    """
+
+    steps = 1
 
     def __init__(self, engine: Any, batch_size: int, rng: random.Random) -> None:
         from vllm.config import set_current_vllm_config
@@ -141,10 +170,47 @@ class _Step:
         e = engine
         self.args = (e.update_stream, self.fc, batch_size, e.vllm_config,
                      e.vllm_config.speculative_config, batch_size, None)
+        from ascend_graph_patch.core.graph import TargetSource
+
+        self.source: Any = TargetSource(self.fc.attn_metadata)
 
     def close(self) -> None:
         self._ctx.__exit__(None, None, None)
         self._cfg.__exit__(None, None, None)
+
+
+class _DraftStep(_Step):
+    """One propose call's draft forward context (``is_draft_model=True``), kept open.
+
+    Set up as ``DraftEngine.run_draft_graph`` does; ``args`` are what the proposer's
+    ``_update_full_graph_params`` hands on (``num_dcp_pcp_tokens`` None, the per-step metadata
+    list last), so stock takes its draft branch and the overlay its draft-source resolve.
+    """
+
+    def __init__(self, engine: Any, batch_size: int, rng: random.Random) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.forward_context import get_forward_context
+
+        from ascend_graph_patch.core.graph import DraftSource
+
+        self.engine = engine
+        self.steps = engine.draft.num_speculative_tokens
+        batch = engine.draft_batch(rng)
+        while batch.num_tokens_padded != batch_size:
+            batch = engine.draft_batch(rng)
+        self.padded = batch_size
+        self._cfg = set_current_vllm_config(engine.vllm_config)
+        self._cfg.__enter__()
+        engine._load(batch, batch_size)
+        per_step = engine._draft_metadata(batch, batch_size, True, False)
+        self._ctx = engine._draft_context(per_step, batch_size, engine._full,
+                                          engine._batch_descriptor(batch_size))
+        self._ctx.__enter__()
+        self.fc = get_forward_context()
+        p = engine.proposer
+        self.args = (p.update_stream, self.fc, batch_size, p.vllm_config,
+                     p.vllm_config.speculative_config, None, per_step)
+        self.source = DraftSource(per_step)
 
 
 def _floor_fn(step: _Step) -> tuple[Callable[[], None], int]:
@@ -152,13 +218,12 @@ def _floor_fn(step: _Step) -> tuple[Callable[[], None], int]:
     import torch
 
     from ascend_graph_patch.aspects.capture import current_role
-    from ascend_graph_patch.core.graph import TargetSource
     from ascend_graph_patch.core.registry import REGISTRY
 
-    owned = REGISTRY.lookup(current_role(), step.fc.batch_descriptor)
+    owned = REGISTRY.lookup(current_role(step.fc), step.fc.batch_descriptor)
     if owned is None:
         raise RuntimeError("the overlay owns no graph for this size (capture not registered)")
-    resolved = owned.resolve(TargetSource(step.fc.attn_metadata))
+    resolved = owned.resolve(step.source)
     stream = step.args[0]
     npu = torch.npu
     begin, end, stream_ctx = npu.graph_task_update_begin, npu.graph_task_update_end, npu.stream
@@ -187,20 +252,27 @@ def measure_point(engine: Any, kind: str, layers: int, batch: int, rounds: int,
     """Median over ``rounds`` interleaved rounds of ``inner`` calls each, in microseconds."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
+    from ascend_graph_patch import state
     from ascend_graph_patch.sim import runtime
 
     point = Point(kind, layers, batch)
     stock = _stock_update()
     overlay = AscendAttentionBackendImpl.update_graph_params
-    step = _Step(engine, batch, random.Random(batch))
+    step = (_DraftStep if _is_draft(engine) else _Step)(engine, batch, random.Random(batch))
     try:
         floor, point.tasks = _floor_fn(step)
+        point.steps = step.steps
         args = step.args
         calls = {"stock": lambda: stock(*args), "overlay": lambda: overlay(*args), "floor": floor}
         samples: dict[str, list[float]] = {k: [] for k in calls}
         with runtime.null_cost():
             for fn in calls.values():  # warm-up
                 _time(fn, 3)
+            owned_before = state.STATE.counters["updates.owned"]
+            overlay(*args)
+            if state.STATE.counters["updates.owned"] != owned_before + 1:
+                # a stock fallback would time stock twice and call it the overlay
+                raise RuntimeError("the overlay did not take the owned path for this step")
             gc.disable()
             try:
                 order = list(calls)
@@ -217,12 +289,19 @@ def measure_point(engine: Any, kind: str, layers: int, batch: int, rounds: int,
     return point
 
 
+def _is_draft(engine: Any) -> bool:
+    from ascend_graph_patch.sim.draft_harness import DraftEngine
+
+    return isinstance(engine, DraftEngine)
+
+
 def _engine(scenario: Any, captured: tuple[int, ...]) -> Any:
     """Build and capture (null cost: the attention ops are recorded, not computed)."""
     from ascend_graph_patch.sim import runtime
+    from ascend_graph_patch.sim.draft_harness import DraftEngine, DraftScenario
     from ascend_graph_patch.sim.harness import SimEngine
 
-    engine = SimEngine(scenario)
+    engine = (DraftEngine if isinstance(scenario, DraftScenario) else SimEngine)(scenario)
     with runtime.null_cost():
         for size in captured:
             engine.capture(size)
@@ -253,9 +332,22 @@ def sweep(kinds: list[str], layers: tuple[int, ...], batches: tuple[int, ...], r
                         progress.update(1)
             finally:
                 if engine is not None:
-                    engine.close()
+                    _close(engine)
+                engine = None
                 gc.collect()
     return points
+
+
+def _close(engine: Any) -> None:
+    """Close and let the engine's graphs die before the next engine captures.
+
+    ``DraftEngine.close`` drops ``engine.wrapper`` but its proposer still holds the wrapper
+    (``proposer._runnable``, a cycle through ``_run_merged_draft``): the old draft graphs would stay
+    alive, the registry would see two live graphs per (draft, descriptor) and own neither.
+    """
+    engine.close()
+    if getattr(engine, "proposer", None) is not None:
+        engine.proposer = None
 
 
 def _describe(exc: BaseException) -> str:

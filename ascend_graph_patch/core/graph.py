@@ -112,10 +112,13 @@ class OwnedGraph:
     # what it returns, so a replay step allocates nothing but the providers' fresh values.
     _bindings: list[tuple] | None = field(default=None, repr=False)
     _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
+    _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
-        if any(t.key == task.key for t in self.tasks):
-            raise ResolutionError(f"duplicate task key {task.key}")
+        key = task.key
+        if key in self._keys:
+            raise ResolutionError(f"duplicate task key {key}")
+        self._keys.add(key)
         self.tasks.append(task)
         self._bindings = None
 

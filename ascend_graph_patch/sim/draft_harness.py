@@ -257,6 +257,11 @@ class DraftEngine(SimEngine):
         self.draft = draft
         super().__init__(draft.base())
 
+    def close(self) -> None:
+        """Also drop the proposer: it holds the draft wrapper, and with it the captured graphs."""
+        self.proposer = None
+        super().close()
+
     # ---- construction (overrides) ------------------------------------------------------------
 
     def _build_model(self, gen: torch.Generator) -> None:
