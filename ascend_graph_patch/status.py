@@ -67,6 +67,14 @@ def snapshot(check: bool = False) -> dict[str, Any]:
         for kind, n in graph.kinds().items():
             tasks[kind] = tasks.get(kind, 0) + n
     s = state.STATE
+    gates = dict(s.gate)
+    if s.mode != "off":
+        from ascend_graph_patch.aspects import GROUPS
+
+        for group, modules in GROUPS.items():
+            if group not in gates:
+                waiting = ", ".join(m for m in modules if m not in s.modules_seen)
+                gates[group] = {"verdict": "pending", "reason": f"modules not loaded: {waiting}"}
     return {
         "mode": s.mode if s.mode != "off" else (getattr(_bootstrap, "MODE", None) or "off"),
         "env_mode": mode_env.mode(),
@@ -75,7 +83,7 @@ def snapshot(check: bool = False) -> dict[str, Any]:
         "simulator": simulator_in_use(),
         "simulator_requested": mode_env.sim_requested(),
         "versions": {d: _version(d) for d in DISTS},
-        "gate": dict(s.gate),
+        "gate": gates,
         "aspects_installed": list(s.aspects_installed),
         "aspects_effective": list(s.aspects_effective),
         "modules_seen": list(s.modules_seen),
