@@ -62,17 +62,25 @@ class FIAV2Provider:
         launch["workspace"] = _graph_workspace(self.workspace, cache)
 
 
+_SHAPE_KEYS: dict[tuple, int] = {}
+
+
+def shape_key(signature: tuple) -> int:
+    """A small int standing for a static shape signature: cheap to hash once per task per step."""
+    return _SHAPE_KEYS.setdefault(signature, len(_SHAPE_KEYS))
+
+
 @dataclass(frozen=True, slots=True)
 class PAProvider:
     workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
-    shape_signature: tuple = ()  # what else the workspace size depends on (static per task)
+    shape_signature: int = 0  # shape_key() of what else the workspace size depends on
     kind: str = PA
 
     @staticmethod
-    def signature_of(template: dict[str, Any]) -> tuple:
+    def signature_of(template: dict[str, Any]) -> int:
         query, key_cache = template["query"], template["key_cache"]
-        return (tuple(query.shape), query.dtype, tuple(key_cache.shape),
-                template["num_kv_heads"], template["num_heads"])  # fmt: skip
+        return shape_key((tuple(query.shape), query.dtype, tuple(key_cache.shape),
+                          template["num_kv_heads"], template["num_heads"]))  # fmt: skip
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         context_lens = metadata.seq_lens
