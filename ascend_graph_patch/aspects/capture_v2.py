@@ -165,11 +165,14 @@ class _OwnedCapture:
             return self.inner.__exit__(*exc)
         finally:
             if self.scope is not None and exc[0] is None:
-                scope = self.scope
-                scope.extra["v2_grown"] = context.total_handles(scope.buckets) - (
-                    scope.handles_before
-                )
-                self.session.pending[id(self.graph)] = (self.graph, scope)
+                try:
+                    scope = self.scope
+                    scope.extra["v2_grown"] = context.total_handles(scope.buckets) - (
+                        scope.handles_before
+                    )
+                    self.session.pending[id(self.graph)] = (self.graph, scope)
+                except Exception as error:  # the graph is then simply not owned
+                    aspect_error(ASPECT, error)
 
 
 def graph_context(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ascend_graph_patch.sim.harness import _VOCAB, Scenario, SimEngine
+from ascend_graph_patch.sim.harness import _VOCAB, LinearAttnMetadata, Scenario, SimEngine
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
 
@@ -132,6 +132,14 @@ class V2Engine(SimEngine):
         super().__init__(scenario)
 
     # ---- construction ----------------------------------------------------------------------
+
+    def _build_vllm_config(self) -> Any:
+        # v2 captures with seq_len = num_tokens // num_reqs (vLLM ``InputBatch.make_dummy``), not
+        # v1's PA max-workspace length (6144): size the model and block tables for the workload
+        # only (PA scenarios: 4 block-table columns instead of 48, ~5x cheaper eager steps).
+        self.max_model_len = -(-self.scenario.max_kv_len // self.block_size) * self.block_size
+        self.max_blocks = self.max_model_len // self.block_size
+        return super()._build_vllm_config()
 
     def _build_wrapper(self) -> None:
         from vllm.config import CUDAGraphMode
@@ -242,6 +250,17 @@ class V2Engine(SimEngine):
                   else group.builder.build(common_prefix_len=0, common_attn_metadata=cm))
             for name in group.layer_names:
                 out[name] = md
+        if not self.scenario.has_linear:
+            return out
+        linear_md = LinearAttnMetadata(
+            num_prefills=0, num_decodes=nr, num_actual_tokens=n * q,
+            state_indices=self.linear_state[:nr],
+        )
+        if self._metadata_order == "layers":  # keys interleaved in model-layer order
+            return {spec.name: (linear_md if spec.kind == "linear" else out[spec.name])
+                    for spec in self.scenario.layers}
+        out.update({spec.name: linear_md for spec in self.scenario.layers
+                    if spec.kind == "linear"})  # attention group first, linear keys after
         return out
 
     def capture_metadata(self, desc: Any) -> dict[str, Any]:
@@ -312,20 +331,30 @@ class V2Engine(SimEngine):
         return V2Batch(self._step, seq_lens, positions, slots, ids)
 
     def _load(self, batch: V2Batch, num_tokens: int) -> None:
-        q, n, bs = self.qlen, batch.num_reqs, self.block_size
+        q, n = self.qlen, batch.num_reqs
         self.input_ids[:num_tokens].zero_()
         self.positions[:num_tokens].zero_()
         self.input_ids[: n * q] = batch.input_ids
         pos = torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
         self.positions[: n * q] = pos
-        rows = torch.tensor([[1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
-                              for b in range(self.max_blocks)] for s in batch.slots],
-                            dtype=torch.int32)
-        tok_rows = rows.repeat_interleave(q, dim=0)
-        blk = tok_rows.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
+        rows = self._block_rows(batch)
+        slots = self._token_slots(batch)
         for group in self.groups:
             group.block_table[:n] = rows
-            group.slot_mapping[: n * q] = blk * bs + pos % bs
+            group.slot_mapping[: n * q] = slots
+
+    def _block_rows(self, batch: V2Batch) -> torch.Tensor:
+        return torch.tensor([[1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
+                              for b in range(self.max_blocks)] for s in batch.slots],
+                            dtype=torch.int32)
+
+    def _token_slots(self, batch: V2Batch) -> torch.Tensor:
+        """The flat KV slot each of this step's query tokens is written to."""
+        q, bs = self.qlen, self.block_size
+        pos = torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
+        tok_rows = self._block_rows(batch).repeat_interleave(q, dim=0)
+        blk = tok_rows.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
+        return blk * bs + pos % bs
 
     def run_v2_graph(self, batch: V2Batch) -> torch.Tensor:
         """Replay through the manager's ``run_fullgraph`` (replay, then the stock update seam)."""
@@ -356,6 +385,20 @@ class V2Engine(SimEngine):
                 out = self.model(self.input_ids[:t], self.positions[:t])
             torch.npu.synchronize()
         return out[:t].clone()
+
+    def run_v2_eager_isolated(self, batch: V2Batch) -> torch.Tensor:
+        """``run_v2_eager``, then put back the KV slots it wrote (only this step's tokens), so the
+        graph run of the same batch sees the same cache. Same effect as ``snapshot_kv`` /
+        ``restore_kv`` around it, without cloning every cache each step."""
+        slots = self._token_slots(batch)
+        flat = {layer.spec.name: layer.kv_cache.view(2, -1, *layer.kv_cache.shape[3:])
+                for layer in self.layers
+                if layer.kv_cache is not None and layer.spec.kv_sharing_target is None}
+        saved = {name: kv[:, slots].clone() for name, kv in flat.items()}
+        out = self.run_v2_eager(batch)
+        for name, kv in flat.items():
+            kv[:, slots] = saved[name]
+        return out
 
     def restore_kv(self, snapshot: dict[str, torch.Tensor]) -> None:
         for layer in self.layers:
