@@ -4,22 +4,27 @@
 per module an aspect group targets. When every module of a group has loaded, the gate checks that
 group's seams; if they hold, all its wrappers are installed at once, or none (any failure unwraps
 what was done). Nothing here runs when the toggle is off.
+
+wrapt (about 50 ms of imports: asyncio, importlib.metadata), the gate and the registry are
+imported only once `vllm_ascend` starts to load: until then a stdlib meta-path trigger waits for
+it, so the many Python processes that never touch vllm-ascend (pip, tools, scripts) pay next to
+nothing for the toggle.
 """
 
 from __future__ import annotations
 
-import importlib
+# Only these two at import time: the module runs at start-up in every process with the toggle on.
+# Everything else (the gate, the registry, state, wrapt) is imported when vllm_ascend loads.
+import _thread
 import sys
-import threading
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
-import wrapt
+TYPE_CHECKING = False  # typing itself costs ~7 ms of start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
-from ascend_graph_patch import gate, state
-from ascend_graph_patch import mode as mode_env
-from ascend_graph_patch.aspects import ASPECTS, GROUPS, VERIFY, Aspect, context
+    from ascend_graph_patch.aspects import Aspect
 
 # Interceptors for verify's dry run: (name, module, target, wrapper); runtime seams.
 VERIFY_INTERCEPTORS: tuple[tuple[str, str, str, str], ...] = (
@@ -31,7 +36,7 @@ VERIFY_INTERCEPTORS: tuple[tuple[str, str, str, str], ...] = (
     ("verify.pa", "torch_npu", "_npu_paged_attention", "paged_attention"),
 )
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _enabled_mode: str | None = None
 _loaded: set[str] = set()
 _installed_groups: set[str] = set()
@@ -40,11 +45,17 @@ _originals: dict[str, tuple[Any, str, Any]] = {}
 
 
 def _load_wrapper(spec: str) -> Callable:
+    import importlib
+
     module_name, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
 def _wrap(name: str, module: ModuleType, target: str, wrapper: Callable) -> None:
+    import wrapt
+
+    from ascend_graph_patch import state
+
     parent, attribute, _ = wrapt.resolve_path(module, target)
     raw = parent.__dict__[attribute] if attribute in getattr(parent, "__dict__", {}) else None
     if raw is None:
@@ -55,6 +66,8 @@ def _wrap(name: str, module: ModuleType, target: str, wrapper: Callable) -> None
 
 
 def _unwrap(names: list[str]) -> None:
+    from ascend_graph_patch import state
+
     for name in reversed(names):
         parent, attribute, raw = _originals.pop(name)
         setattr(parent, attribute, raw)
@@ -63,6 +76,10 @@ def _unwrap(names: list[str]) -> None:
 
 
 def _install_group(group: str) -> None:
+    from ascend_graph_patch import gate, state
+    from ascend_graph_patch import mode as mode_env
+    from ascend_graph_patch.aspects import ASPECTS, VERIFY, context
+
     verdict = gate.check(group, force=mode_env.force())
     state.STATE.gate[group] = {"verdict": verdict.label, "reason": verdict.reason}
     if not verdict.ok:
@@ -95,6 +112,9 @@ def _install_group(group: str) -> None:
 
 
 def _install_verify() -> None:
+    from ascend_graph_patch import state
+    from ascend_graph_patch.aspects import context
+
     done: list[str] = []
     try:
         for name, module, target, wrapper in VERIFY_INTERCEPTORS:
@@ -113,6 +133,9 @@ def _install_verify() -> None:
 
 def _on_import(module: ModuleType) -> None:
     """Post-import hook: record the module, install every group it completes."""
+    from ascend_graph_patch import state
+    from ascend_graph_patch.aspects import GROUPS
+
     try:
         with _lock:
             if _enabled_mode is None:
@@ -128,6 +151,69 @@ def _on_import(module: ModuleType) -> None:
         state.warn_once("hook", f"post-import hook failed ({exc!r}); stock path kept")
 
 
+TRIGGER_PACKAGE = "vllm_ascend"
+
+
+def _register_hooks() -> None:
+    import wrapt
+
+    from ascend_graph_patch import mode as mode_env
+    from ascend_graph_patch import state
+    from ascend_graph_patch.aspects import GROUPS
+
+    state.STATE.mode = _enabled_mode or "on"
+    state.STATE.strict = mode_env.strict()
+    for name in sorted({m for mods in GROUPS.values() for m in mods}):
+        wrapt.register_post_import_hook(_on_import, name)
+
+
+class _HookingLoader:
+    """vllm_ascend's own loader, which first registers the hooks (then steps aside)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        try:
+            with _lock:
+                if _enabled_mode is not None:
+                    _register_hooks()
+        except Exception as exc:  # never break the host's import
+            from ascend_graph_patch import state
+
+            state.warn_once("hook", f"could not register import hooks ({exc!r}); stock path kept")
+        module.__loader__ = self._inner
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._inner
+        self._inner.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _Trigger:
+    """Waits for the first import of vllm_ascend; touches nothing else."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != TRIGGER_PACKAGE:
+            return None
+        try:
+            sys.meta_path.remove(self)  # safe: a found spec ends the import system's scan
+        except ValueError:
+            pass
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _HookingLoader(spec.loader)
+                return spec
+        return None
+
+
 def enable(mode: str) -> None:
     """Register post-import hooks for every module an aspect targets (idempotent)."""
     global _enabled_mode
@@ -135,15 +221,17 @@ def enable(mode: str) -> None:
         if _enabled_mode is not None:
             return
         _enabled_mode = mode
-        state.STATE.mode = mode
-        state.STATE.strict = mode_env.strict()
-        for name in sorted({m for mods in GROUPS.values() for m in mods}):
-            wrapt.register_post_import_hook(_on_import, name)
+        if TRIGGER_PACKAGE in sys.modules:
+            _register_hooks()
+        elif not any(isinstance(f, _Trigger) for f in sys.meta_path):
+            sys.meta_path.insert(0, _Trigger())
 
 
 def disable() -> None:
     """Unwrap everything and forget all graphs (tests, and `unpatch` symmetry)."""
     global _enabled_mode
+    from ascend_graph_patch import state
+    from ascend_graph_patch.aspects import context
     from ascend_graph_patch.core.registry import REGISTRY
 
     with _lock:
@@ -161,4 +249,6 @@ def installed() -> list[str]:
 
 
 def aspect_by_name(name: str) -> Aspect:
+    from ascend_graph_patch.aspects import ASPECTS
+
     return next(a for a in ASPECTS if a.name == name)

@@ -21,8 +21,12 @@ os.environ["ASCEND_GRAPH_PATCH_SIM"] = "1"
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 load_general_plugins()  # vLLM may call it again in the same process
-from ascend_graph_patch import state
-print(json.dumps({"before": before, "after": _bootstrap.MODE, "state_mode": state.STATE.mode}))
+import vllm_ascend.ops  # noqa: F401  (the seams load: the overlay installs itself)
+import vllm_ascend.attention.attention_v1  # noqa: F401
+import vllm_ascend.compilation.acl_graph  # noqa: F401
+from ascend_graph_patch import activation, state
+print(json.dumps({"before": before, "after": _bootstrap.MODE, "state_mode": state.STATE.mode,
+                  "installed": "replay.update" in activation.installed()}))
 """
 
 
@@ -33,4 +37,4 @@ def test_vllm_general_plugin_loader_enables_the_overlay() -> None:
                           timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out == {"before": None, "after": "observe", "state_mode": "observe"}
+    assert out == {"before": None, "after": "observe", "state_mode": "observe", "installed": True}
