@@ -84,17 +84,18 @@ def _workspace_getter(scope: context.CaptureScope, bucket: Any, num_tokens: int)
 
 
 def _register(scope: context.CaptureScope, kind: str, num_tokens: int, before: list[int]) -> None:
-    grown = [
-        bucket
-        for bucket, n in zip(scope.buckets, before, strict=True)
-        if bucket is not None and len(bucket.handles.get(num_tokens, ())) > n
-    ]
-    if not grown:
+    bucket = None
+    for candidate, n in zip(scope.buckets, before, strict=True):
+        if candidate is None:
+            continue
+        size = len(candidate.handles.get(num_tokens, ()))
+        if size == n:
+            continue
+        if bucket is not None or size != n + 1:
+            raise ResolutionError(f"{kind}: expected one new task group")
+        bucket = candidate
+    if bucket is None:
         return  # nothing captured (e.g. PA outside a capture)
-    index = scope.buckets.index(grown[0])
-    if len(grown) != 1 or len(grown[0].handles[num_tokens]) != before[index] + 1:
-        raise ResolutionError(f"{kind}: expected one new task group")
-    bucket = grown[0]
     captured = bucket.attn_params[num_tokens][-1]
     active = context.ACTIVE
     assert active is not None
@@ -107,13 +108,14 @@ def _register(scope: context.CaptureScope, kind: str, num_tokens: int, before: l
         raise ResolutionError(f"{kind}: layer unknown at capture")
     layer_name, metadata_key = layer
     role = scope.graph.role
-    template = active.line.templates[kind](captured, attention_v1)
+    fields = active.line.fields(kind, captured)
+    template = active.line.templates[kind](fields, attention_v1)
     if kind == FIA:
         op = torch_npu.npu_fused_infer_attention_score.out
         provider: Any = FIAProvider(
             workspace=_workspace_getter(scope, bucket, num_tokens),
             # stock keeps the captured table on sliding-window layers (rebinding corrupts output)
-            rebind_block_table=active.line.fields(kind, captured)["sliding_window"] is None,
+            rebind_block_table=fields["sliding_window"] is None,
             draft=role != TARGET,
             sparse_mode=template["sparse_mode"],
         )

@@ -73,9 +73,10 @@ class UpdateTask:
 
     `template` holds the static launch arguments (the captured, weak-referenced tensors and
     scalars, as the stock registry holds them); the provider supplies what changes per step.
-    `launch` is the task's own copy of the template into which each resolution binds the fresh
-    values: no dict is rebuilt per step, and the last step's host lists stay referenced until the
-    next update has replaced them (the device consumes them asynchronously on hardware).
+    `launch` is the dict each resolution binds the fresh values into (the template itself: only
+    the changing keys are ever overwritten, so nothing is copied at capture or rebuilt per step),
+    and the last step's host lists stay referenced until the next update has replaced them (the
+    device consumes them asynchronously on hardware).
     """
 
     kind: str
@@ -90,7 +91,7 @@ class UpdateTask:
     launch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.launch = dict(self.template)
+        self.launch = self.template
 
     @property
     def key(self) -> tuple[str, str, int]:

@@ -30,7 +30,7 @@ def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
         return workspace
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FIAProvider:
     workspace: Callable[[], Any]
     rebind_block_table: bool = True
@@ -51,7 +51,7 @@ class FIAProvider:
             launch["sparse_mode"] = self.sparse_mode if metadata.causal else 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FIAV2Provider:
     workspace: Callable[[], Any]
     kind: str = FIA_V2
@@ -70,7 +70,7 @@ def shape_key(signature: tuple) -> int:
     return _SHAPE_KEYS.setdefault(signature, len(_SHAPE_KEYS))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PAProvider:
     workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
     shape_signature: int = 0  # shape_key() of what else the workspace size depends on

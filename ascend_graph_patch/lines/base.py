@@ -69,7 +69,7 @@ class Check:
         return None
 
 
-TemplateBuilder = Callable[[tuple, Any], dict[str, Any]]
+TemplateBuilder = Callable[[dict[str, Any], Any], dict[str, Any]]  # (fields, attention module)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Line:
     vllm_versions: frozenset[str]
     checks: Mapping[str, tuple[Check, ...]]  # aspect group -> structural checks
     tuple_arity: Mapping[str, int]  # task kind -> captured tuple length
-    templates: Mapping[str, TemplateBuilder]  # task kind -> (captured tuple, module) -> kwargs
+    templates: Mapping[str, TemplateBuilder]  # task kind -> (captured fields, module) -> kwargs
     update_params: tuple[str, ...]  # parameters of the stock update_graph_params
     fields: Callable[[str, tuple], dict[str, Any]]  # task kind, captured tuple -> named fields
     dynamic_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -1,8 +1,8 @@
 """vllm-ascend 0.23.0 / 0.23.0.post1 with vLLM 0.23.0 (research/hook_points.md, R columns).
 
-The templates rebuild, from the tuple the stock capture appended to `GraphParams.attn_params`, the
-static keyword arguments of the relaunch the stock `update_graph_params` performs; the providers in
-`core.providers` add what changes per step.
+The templates rebuild, from the fields of the tuple the stock capture appended to
+`GraphParams.attn_params`, the static keyword arguments of the relaunch the stock
+`update_graph_params` performs; the providers in `core.providers` add what changes per step.
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ def fields_of(kind: str, captured: tuple) -> dict[str, Any]:
     return dict(zip(names, captured, strict=True))
 
 
-def fia_template(captured: tuple, attn_module: Any) -> dict[str, Any]:
-    f = fields_of(FIA, captured)
+def fia_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "query": f["query"],
         "key": f["key"],
@@ -83,8 +82,7 @@ def fia_template(captured: tuple, attn_module: Any) -> dict[str, Any]:
     return kwargs
 
 
-def fia_v2_template(captured: tuple, attn_module: Any) -> dict[str, Any]:
-    f = fields_of(FIA_V2, captured)
+def fia_v2_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
     window = f["sliding_window"]
     return {
         "query": f["query"],
@@ -108,8 +106,7 @@ def fia_v2_template(captured: tuple, attn_module: Any) -> dict[str, Any]:
     }
 
 
-def pa_template(captured: tuple, attn_module: Any) -> dict[str, Any]:
-    f = fields_of(PA, captured)
+def pa_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
     return {
         "query": f["query"],
         "key_cache": f["key_cache"],
