@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from ascend_graph_patch.aspects import Aspect
 
 # Interceptors for verify's dry run: (name, module, target, wrapper); runtime seams.
 VERIFY_INTERCEPTORS: tuple[tuple[str, str, str, str], ...] = (
@@ -247,8 +246,3 @@ def disable() -> None:
 def installed() -> list[str]:
     return list(_originals)
 
-
-def aspect_by_name(name: str) -> Aspect:
-    from ascend_graph_patch.aspects import ASPECTS
-
-    return next(a for a in ASPECTS if a.name == name)

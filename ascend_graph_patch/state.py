@@ -21,7 +21,6 @@ class OverlayState:
     aspects_effective: list[str] = field(default_factory=list)
     modules_seen: list[str] = field(default_factory=list)
     counters: Counter = field(default_factory=Counter)
-    refusals: Counter = field(default_factory=Counter)  # reason -> graphs left to stock
     warned: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -86,7 +86,6 @@ def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
         )
     if reason is not None:
         REGISTRY.refuse(scope.owner, owned.role, owned.descriptor, reason)
-        state.STATE.refusals[reason.split(":")[0]] += 1
         state.count("graphs.refused")
         return
     REGISTRY.register(scope.owner, graph, owned)

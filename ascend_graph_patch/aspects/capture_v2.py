@@ -75,7 +75,6 @@ def _finish(session: Session, before: set[Any]) -> None:
         entry = session.pending.pop(id(graph), None)
         if entry is None or entry[0] is not graph:
             REGISTRY.refuse(manager, session.role, desc, UNSEEN)
-            state.STATE.refusals[UNSEEN.split(":")[0]] += 1
             state.count("graphs.refused")
             continue
         scope = entry[1]
@@ -129,7 +128,6 @@ def decode_capture(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             for desc in instance.graphs:
                 if desc not in before:
                     REGISTRY.refuse(instance, DRAFT, desc, DECODE)
-                    state.STATE.refusals[DECODE.split(":")[0]] += 1
                     state.count("graphs.refused")
         except Exception as exc:
             aspect_error(ASPECT, exc)

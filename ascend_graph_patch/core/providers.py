@@ -22,6 +22,7 @@ KINDS = (FIA, FIA_V2, PA)
 
 
 def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
+    """The graph's captured workspace, read once per pass (all tasks of a graph share it)."""
     key = id(getter)
     try:
         return cache[key]
@@ -41,10 +42,7 @@ class FIAProvider:
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         launch["actual_seq_lengths"] = metadata.actual_seq_lengths_q
         launch["actual_seq_lengths_kv"] = metadata.seq_lens_list
-        try:
-            launch["workspace"] = cache[id(self.workspace)]
-        except KeyError:
-            launch["workspace"] = _graph_workspace(self.workspace, cache)
+        launch["workspace"] = _graph_workspace(self.workspace, cache)
         if self.draft or self.rebind_block_table:
             launch["block_table"] = metadata.block_tables
         if self.draft:

@@ -55,9 +55,6 @@ class GraphRegistry:
             self._fast[key] = (alive[0][0], weakref.ref(owned))
         return owned
 
-    def owned_for(self, graph: Any) -> OwnedGraph | None:
-        return self._owned.get(graph)
-
     def graphs(self) -> list[OwnedGraph]:
         return list(self._owned.values())
 

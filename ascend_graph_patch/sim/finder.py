@@ -18,7 +18,7 @@ import types
 import warnings
 
 ENV_VAR = "ASCEND_GRAPH_PATCH_SIM"
-_TRUE = {"1", "on", "true", "yes"}
+_TRUE = {"1", "on", "true"}  # the values the .pth loader and mode.py accept
 _warned = False
 
 
