@@ -8,20 +8,20 @@ stack:
 	bash scripts/build-stack.sh
 
 test: stack
-	$(PY) -m ruff check ascend_graph_patch tests conftest.py
+	$(PY) -m ruff check ascend_graph_patch simulator tests conftest.py
 	$(PY) -m pytest -q
 
 lint: stack
-	$(PY) -m ruff check ascend_graph_patch tests conftest.py
+	$(PY) -m ruff check ascend_graph_patch simulator tests conftest.py
 
 ab: stack
-	ASCEND_GRAPH_PATCH_SIM=1 $(VENV)/bin/ascend-graph-patch ab --out ab-report
+	$(VENV)/bin/ascend-graph-patch ab --out ab-report
 
 bench: stack
-	ASCEND_GRAPH_PATCH_SIM=1 $(VENV)/bin/ascend-graph-patch bench
+	$(VENV)/bin/ascend-graph-patch bench
 
 soak: stack
-	ASCEND_GRAPH_PATCH_SIM=1 $(PY) -m ascend_graph_patch.ab.soak
+	$(VENV)/bin/ascend-graph-patch soak
 
 clean:
-	rm -rf $(VENV) build *.egg-info ab-report
+	rm -rf $(VENV) build *.egg-info simulator/build simulator/*.egg-info ab-report soak-result.json

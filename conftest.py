@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("ASCEND_GRAPH_PATCH_SIM", "1")  # subprocesses get the simulator too
+os.environ.setdefault("TORCH_NPU_SIM", "1")  # subprocesses get the simulator too
 os.environ.setdefault("VLLM_PLUGINS", "ascend")  # platform plugin only (research item 8)
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 if not os.environ.get("VLLM_CACHE_ROOT"):
@@ -23,9 +23,9 @@ if not os.environ.get("VLLM_CACHE_ROOT"):
 
 import torch  # noqa: E402
 
-import ascend_graph_patch.sim  # noqa: E402
+import torch_npu_sim  # noqa: E402
 
 # The simulated kernels are many tiny CPU ops: intra-op thread hand-off costs more than it saves,
 # and one thread keeps every run's float results identical.
 torch.set_num_threads(1)
-ascend_graph_patch.sim.install()
+torch_npu_sim.install()

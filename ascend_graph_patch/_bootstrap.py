@@ -24,34 +24,25 @@ MODE: "str | None" = None
 BOOTSTRAPPED = False
 #: One-line reason if ``activation.enable`` raised (the overlay then stays stock, as far as it can).
 ENABLE_ERROR: "str | None" = None
-#: One-line reason if the simulator was requested but could not be activated.
-SIM_ERROR: "str | None" = None
-
 _PREFIX = "ascend-graph-patch: "
 #: Module name prefixes counted by :func:`measure_startup` (our own code and the patch primitive).
 _STARTUP_MODULES = ("ascend_graph_patch", "wrapt")
-# Fast pre-filter, so the off path does not even import ``mode``. Must match
-# ``mode.OFF_VALUES`` / ``mode.ON_VALUES`` (tests check it); the .pth line repeats the same test.
-_OFF_VALUES = ("", "0", "off", "false")
-_ON_VALUES = ("1", "on", "true")
 
 
 def definitely_off() -> bool:
-    """True when neither the overlay nor the simulator is requested: nothing to load at all."""
-    env = os.environ
-    return (
-        env.get("ASCEND_GRAPH_PATCH", "").strip().lower() in _OFF_VALUES
-        and env.get("ASCEND_GRAPH_PATCH_SIM", "").strip().lower() not in _ON_VALUES
-    )
+    """True when the toggle is off: nothing to load at all (the ``.pth`` line's test)."""
+    from ascend_graph_patch import settings
+
+    return os.environ.get(settings.ENV_MODE, "").strip().lower() in settings.OFF_VALUES
 
 
 def _warn(message: str) -> None:
     """One line on stderr; a traceback too when ``ASCEND_GRAPH_PATCH_DEBUG`` is set."""
-    from ascend_graph_patch import mode as _mode
+    from ascend_graph_patch import settings
 
     try:
         sys.stderr.write(_PREFIX + message + "\n")
-        if _mode.debug() and sys.exc_info()[0] is not None:
+        if settings.debug() and sys.exc_info()[0] is not None:
             import traceback
 
             traceback.print_exc()
@@ -63,32 +54,6 @@ def _warn(message: str) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _activate_sim() -> None:
-    """Install the simulated ``torch_npu`` finder (written by the simulator; may be absent)."""
-    global SIM_ERROR
-    from ascend_graph_patch import mode as _mode
-
-    try:
-        from ascend_graph_patch.sim.finder import activate
-    except ModuleNotFoundError as exc:
-        if exc.name in ("ascend_graph_patch.sim", "ascend_graph_patch.sim.finder"):
-            SIM_ERROR = "simulator not installed"
-            _warn(f"{_mode.ENV_SIM} is set but the simulator is not available; ignoring it")
-            return
-        SIM_ERROR = _describe(exc)
-        _warn(f"simulator import failed, ignoring {_mode.ENV_SIM}: {SIM_ERROR}")
-        return
-    except Exception as exc:
-        SIM_ERROR = _describe(exc)
-        _warn(f"simulator import failed, ignoring {_mode.ENV_SIM}: {SIM_ERROR}")
-        return
-    try:
-        activate()
-    except Exception as exc:
-        SIM_ERROR = _describe(exc)
-        _warn(f"simulator activation failed: {SIM_ERROR}")
 
 
 def bootstrap() -> None:
@@ -105,14 +70,12 @@ def bootstrap() -> None:
         MODE = "off"
         return
     try:
-        from ascend_graph_patch import mode as _mode
+        from ascend_graph_patch import settings
 
-        if _mode.sim_requested():
-            _activate_sim()
-        MODE, warning = _mode.parse(os.environ.get(_mode.ENV_MODE))
-        if warning is not None:
-            _warn(warning)
-        if MODE == _mode.OFF:
+        MODE = settings.mode()
+        for problem in settings.problems():
+            _warn(problem)
+        if MODE == settings.OFF:
             return
         from ascend_graph_patch import activation
 
@@ -167,7 +130,6 @@ def measure_startup(
 
     run_env = dict(os.environ if env is None else env)
     run_env["ASCEND_GRAPH_PATCH"] = mode
-    run_env.pop("ASCEND_GRAPH_PATCH_SIM", None)
     # Installed wheels have .pyc files; a dev shell with PYTHONDONTWRITEBYTECODE would measure
     # compilation instead. A private pycache keeps the source tree clean.
     run_env.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -75,11 +75,10 @@ def _unwrap(names: list[str]) -> None:
 
 
 def _install_group(group: str) -> None:
-    from ascend_graph_patch import gate, state
-    from ascend_graph_patch import mode as mode_env
+    from ascend_graph_patch import gate, settings, state
     from ascend_graph_patch.aspects import ASPECTS, VERIFY, context
 
-    verdict = gate.check(group, force=mode_env.force())
+    verdict = gate.check(group, force=settings.force())
     state.STATE.gate[group] = {"verdict": verdict.label, "reason": verdict.reason}
     if not verdict.ok:
         state.warn_once(f"gate:{group}", f"not installed ({group}): {verdict.reason}")
@@ -87,12 +86,12 @@ def _install_group(group: str) -> None:
     if verdict.forced:
         state.warn_once(f"force:{group}", f"FORCED install ({group}) despite: {verdict.reason}")
     assert verdict.line is not None
-    disabled = mode_env.disabled_aspects()
+    disabled = settings.disabled_aspects()
     mode = _enabled_mode or "on"
     done: list[str] = []
     try:
         context.ACTIVE = context.ACTIVE or context.Active(
-            line=verdict.line, mode=mode, strict=mode_env.strict()
+            line=verdict.line, mode=mode, strict=settings.strict()
         )
         for aspect in ASPECTS:
             if aspect.group != group or mode not in aspect.modes or aspect.name in disabled:
@@ -156,12 +155,11 @@ TRIGGER_PACKAGE = "vllm_ascend"
 def _register_hooks() -> None:
     import wrapt
 
-    from ascend_graph_patch import mode as mode_env
-    from ascend_graph_patch import state
+    from ascend_graph_patch import settings, state
     from ascend_graph_patch.aspects import GROUPS
 
     state.STATE.mode = _enabled_mode or "on"
-    state.STATE.strict = mode_env.strict()
+    state.STATE.strict = settings.strict()
     for name in sorted({m for mods in GROUPS.values() for m in mods}):
         wrapt.register_post_import_hook(_on_import, name)
 

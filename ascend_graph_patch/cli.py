@@ -1,10 +1,12 @@
 """``ascend-graph-patch <subcommand> [options]``: the command-line shell.
 
-Subcommands are data (:data:`SUBCOMMANDS`) and are imported only when needed, so ``status`` does
-not pay for the A/B harness and a subcommand whose module is not installed simply does not exist.
-A subcommand is any object (usually a module) with ``add_arguments(parser)`` and
-``run(args) -> int``; an optional ``HELP`` string (else the first docstring line) is its one-line
-description in ``--help``.
+The overlay brings ``status`` and ``ab``. Other distributions add subcommands through the
+``ascend_graph_patch.commands`` entry-point group (the simulator, torch-npu-sim, adds ``bench``
+and ``soak``), so the overlay never imports them and a subcommand whose distribution is not
+installed simply does not exist. A subcommand is any object (usually a module) with
+``add_arguments(parser)`` and ``run(args) -> int``; an optional ``HELP`` string (else the first
+docstring line) is its one-line description in ``--help``. Only the subcommand that runs is
+imported.
 
 Errors never end in a traceback (unless ``ASCEND_GRAPH_PATCH_DEBUG=1``): one line, non-zero exit.
 """
@@ -13,27 +15,33 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 PROG = "ascend-graph-patch"
+#: Entry-point group through which other distributions add subcommands.
+COMMANDS_GROUP = "ascend_graph_patch.commands"
 
-#: name -> ``"module"`` or ``"module:attribute"`` of an object exposing add_arguments / run.
-SUBCOMMANDS: dict[str, str] = {
-    "status": "ascend_graph_patch.cli:_status_command",
+#: The overlay's own subcommands: name -> ``"module"`` or ``"module:attribute"``.
+BUILTIN: dict[str, str] = {
+    "status": "ascend_graph_patch.cli:status_command",
     "ab": "ascend_graph_patch.ab.command",
-    "bench": "ascend_graph_patch.bench.command",
 }
-
-#: Distributions whose versions ``status`` reports (the fallback snapshot).
-VERSIONED_DISTS = ("torch", "torch-npu", "vllm", "vllm-ascend", "wrapt", "ascend-graph-patch")
 
 
 class CommandUnavailable(Exception):
     """The subcommand's module is not installed (its entry is skipped)."""
+
+
+def subcommands() -> dict[str, str]:
+    """Every subcommand target: the built-ins, then those added through entry points."""
+    table = dict(BUILTIN)
+    for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        table.setdefault(ep.name, ep.value)
+    return table
 
 
 def load_command(target: str) -> Any:
@@ -80,12 +88,12 @@ def build_parser(commands: dict[str, Any]) -> argparse.ArgumentParser:
     return parser
 
 
-def _available(names: Sequence[str]) -> dict[str, Any]:
-    """Load the named commands, skipping those whose module is missing or broken."""
+def _available(table: dict[str, str]) -> dict[str, Any]:
+    """Load every command for ``--help``, skipping those whose module is missing or broken."""
     loaded = {}
-    for name in names:
+    for name, target in table.items():
         try:
-            loaded[name] = load_command(SUBCOMMANDS[name])
+            loaded[name] = load_command(target)
         except CommandUnavailable:
             continue
         except Exception:
@@ -103,24 +111,25 @@ def _chosen(argv: Sequence[str]) -> str | None:
 
 
 def _debug() -> bool:
-    from ascend_graph_patch import mode
+    from ascend_graph_patch import settings
 
-    return mode.debug()
+    return settings.debug()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     try:
+        table = subcommands()
         name = _chosen(args_in)
         commands: dict[str, Any] = {}
-        if name in SUBCOMMANDS:
+        if name in table:
             try:  # load only what is run; a missing module falls through to "invalid choice"
-                commands = {name: load_command(SUBCOMMANDS[name])}
+                commands = {name: load_command(table[name])}
             except CommandUnavailable:
                 commands = {}
         if not commands:  # help, version, no or unknown subcommand: list what is installed
-            commands = _available(list(SUBCOMMANDS))
+            commands = _available(table)
         parser = build_parser(commands)
         args = parser.parse_args(args_in)
         run: Callable[[argparse.Namespace], int] | None = getattr(args, "_run", None)
@@ -144,101 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# --- status ------------------------------------------------------------------------------------
-
-
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {}
-    for dist in VERSIONED_DISTS:
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def _loader_files() -> list[str]:
-    """Installed loader files (``.pth`` / ``.start``) in this interpreter's site directories."""
-    import site
-    import sysconfig
-
-    dirs = dict.fromkeys([sysconfig.get_paths()["purelib"], *site.getsitepackages()])
-    found = []
-    for d in dirs:
-        for name in ("ascend_graph_patch.pth", "ascend_graph_patch.start"):
-            path = os.path.join(d, name)
-            if os.path.isfile(path):
-                found.append(path)
-    return found
-
-
-def fallback_snapshot(check: bool = False) -> dict[str, Any]:
-    """What ``status`` shows when ``ascend_graph_patch.status`` is not installed: config + stack.
-
-    ``check`` is accepted for signature parity; this minimal view has no gate to run.
-    """
-    from ascend_graph_patch import _bootstrap, mode
-
-    versions = _versions()
-    return {
-        "mode": mode.mode(),
-        "mode_env": os.environ.get(mode.ENV_MODE),
-        "strict": mode.strict(),
-        "force": mode.force(),
-        "disabled_aspects": sorted(mode.disabled_aspects()),
-        "bootstrap_mode": _bootstrap.MODE,
-        "enable_error": _bootstrap.ENABLE_ERROR,
-        "sim_requested": mode.sim_requested(),
-        "torch_npu_real": versions.get("torch-npu") is not None,
-        "loader_files": _loader_files(),
-        "versions": versions,
-    }
-
-
-def _snapshot(check: bool) -> dict[str, Any]:
-    try:
-        status = importlib.import_module("ascend_graph_patch.status")
-    except ModuleNotFoundError as exc:
-        if exc.name != "ascend_graph_patch.status":
-            raise
-        return fallback_snapshot(check)
-    return dict(status.snapshot(check=check))
-
-
-def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
-    if isinstance(data, dict) and data:
-        rows = []
-        for key, value in data.items():
-            rows.extend(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return rows
-    if isinstance(data, (list, tuple, set, frozenset)):
-        text = ", ".join(str(v) for v in data) if data else "-"
-    elif data is None or data == {}:
-        text = "-"
-    else:
-        text = str(data)
-    return [(prefix, text)]
-
-
-def format_text(snapshot: dict[str, Any]) -> str:
-    """One ``key: value`` per line, values aligned; nested dicts become dotted keys."""
-    rows = _flatten(snapshot)
-    width = max((len(k) for k, _ in rows), default=0) + 1
-    return "\n".join(f"{key + ':':<{width}} {value}" for key, value in rows)
-
-
-def check_failed(snapshot: dict[str, Any]) -> bool:
-    """``status --check`` fails on ``ok: False`` or any gate group whose verdict is ``refused``."""
-    if snapshot.get("ok") is False:
-        return True
-    gate = snapshot.get("gate") or {}
-    return any(isinstance(v, dict) and v.get("verdict") == "refused" for v in gate.values())
-
-
 class _StatusCommand:
-    """Show mode, environment, loader and stack versions (and the gate with --check)."""
+    """Show the overlay's mode, environment, loader, stack versions (and the gate with --check)."""
 
     HELP = "show the overlay's mode, loader, gate and stack versions"
 
@@ -253,15 +169,17 @@ class _StatusCommand:
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
-        snap = _snapshot(args.check)
+        from ascend_graph_patch import status
+
+        snap = status.snapshot(check=args.check)
         if args.json:
-            print(json.dumps(snap, indent=2, sort_keys=False, default=str))
+            print(json.dumps(snap, indent=2, default=str))
         else:
-            print(format_text(snap))
-        return 1 if args.check and check_failed(snap) else 0
+            print(status.format_text(snap))
+        return 1 if args.check and status.check_failed(snap) else 0
 
 
-_status_command = _StatusCommand()
+status_command = _StatusCommand()
 
 
 if __name__ == "__main__":

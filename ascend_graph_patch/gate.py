@@ -7,10 +7,9 @@ refusal leaves the stock path untouched and says, in one warning, which check fa
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 
-from ascend_graph_patch.lines import LINES, Line
+from ascend_graph_patch.lines import LINES, Line, installed_version
 
 
 @dataclass(frozen=True)
@@ -25,13 +24,6 @@ class Verdict:
         if self.forced:
             return "forced"
         return "supported" if self.ok else "refused"
-
-
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def check(group: str, *, force: bool = False) -> Verdict:

@@ -1,54 +1,55 @@
-"""What the overlay did in this process, as a dict (Python API) and as text (`status`).
+"""What the overlay did in this process, as a dict (Python API) and as text (``status``).
 
-`snapshot()` reports: mode, the gate's verdict and reason per aspect group, aspects installed and
-effective (first time each really ran), graphs owned and refused (with reasons), tasks per kind,
-and the counters (updates owned / left to stock, fallbacks, verify mismatches, aspect errors).
+:func:`snapshot` reports the configuration (mode, flags, problems with the environment), the
+installed stack, the gate's verdict and reason per aspect group, the aspects installed and
+effective (the first time each really ran), the graphs owned and refused (with reasons), tasks per
+kind, and the counters (updates owned / left to stock, fallbacks, verify mismatches, errors).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
+import os
 import sys
 from typing import Any
 
-from ascend_graph_patch import mode as mode_env
+from ascend_graph_patch import settings
+from ascend_graph_patch.lines import installed_version
 
-DISTS = ("torch", "vllm", "vllm-ascend", "wrapt", "ascend-graph-patch")
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+#: Distributions whose versions ``status`` reports.
+DISTS = (
+    "torch", "torch-npu", "torch-npu-sim", "vllm", "vllm-ascend", "wrapt", "ascend-graph-patch",
+)
+#: The files the loader installs into site-packages.
+LOADER_FILES = ("ascend_graph_patch.pth", "ascend_graph_patch.start")
 
 
 def simulator_in_use() -> bool:
+    """Whether the ``torch_npu`` in this process is a simulator (it says so on the module)."""
     module = sys.modules.get("torch_npu")
-    if module is None:
-        return False
-    return bool(getattr(module, "__ascend_graph_patch_sim__", False)) or str(
-        getattr(module, "__version__", "")
-    ).endswith("+sim")
+    return module is not None and bool(getattr(module, "__simulated__", False))
 
 
-def real_torch_npu_present() -> bool:
-    import importlib.machinery
+def loader_files() -> list[str]:
+    """Installed loader files in this interpreter's site directories."""
+    import site
+    import sysconfig
 
-    return importlib.machinery.PathFinder.find_spec("torch_npu") is not None
+    dirs = dict.fromkeys([sysconfig.get_paths()["purelib"], *site.getsitepackages()])
+    return [
+        os.path.join(d, name)
+        for d in dirs
+        for name in LOADER_FILES
+        if os.path.isfile(os.path.join(d, name))
+    ]
 
 
 def _check_now() -> None:
-    """Import the v1 seams here (through the simulator if asked) so the gate runs in-process."""
+    """Import the v1 seams here so the gate runs in this process (``status --check``)."""
     from ascend_graph_patch import activation
 
-    if mode_env.sim_requested() and "torch_npu" not in sys.modules:
-        from ascend_graph_patch import sim
-
-        sim.install()
-    activation.enable(mode_env.mode() if mode_env.mode() != "off" else "observe")
+    mode = settings.mode()
+    activation.enable(mode if mode != settings.OFF else settings.OBSERVE)
     # vllm_ascend.ops first: importing attention_v1 first hits a circular import.
     for name in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
                  "vllm_ascend.compilation.acl_graph"):  # fmt: skip
@@ -57,18 +58,23 @@ def _check_now() -> None:
 
 def snapshot(check: bool = False) -> dict[str, Any]:
     from ascend_graph_patch import _bootstrap, state
-    from ascend_graph_patch.core.registry import REGISTRY
 
     if check:
         _check_now()
-    graphs = REGISTRY.graphs() if "ascend_graph_patch.aspects.context" in sys.modules else []
+    graphs: list[Any] = []
+    refused: dict[str, str] = {}
+    if "ascend_graph_patch.core.registry" in sys.modules:
+        from ascend_graph_patch.core.registry import REGISTRY
+
+        graphs = REGISTRY.graphs()
+        refused = {str(k): v for k, v in REGISTRY.refused.items()}
     tasks: dict[str, int] = {}
     for graph in graphs:
         for kind, n in graph.kinds().items():
             tasks[kind] = tasks.get(kind, 0) + n
     s = state.STATE
     gates = dict(s.gate)
-    if s.mode != "off":
+    if s.mode != settings.OFF:
         from ascend_graph_patch.aspects import GROUPS
 
         for group, modules in GROUPS.items():
@@ -76,35 +82,51 @@ def snapshot(check: bool = False) -> dict[str, Any]:
                 waiting = ", ".join(m for m in modules if m not in s.modules_seen)
                 gates[group] = {"verdict": "pending", "reason": f"modules not loaded: {waiting}"}
     return {
-        "mode": s.mode if s.mode != "off" else (getattr(_bootstrap, "MODE", None) or "off"),
-        "env_mode": mode_env.mode(),
-        "strict": mode_env.strict(),
-        "force": mode_env.force(),
+        "mode": s.mode if s.mode != settings.OFF else (_bootstrap.MODE or settings.OFF),
+        "env_mode": settings.mode(),
+        "strict": settings.strict(),
+        "force": settings.force(),
+        "disabled_aspects": sorted(settings.disabled_aspects()),
+        "environment_problems": settings.problems(),
+        "enable_error": _bootstrap.ENABLE_ERROR,
         "simulator": simulator_in_use(),
-        "simulator_requested": mode_env.sim_requested(),
-        "versions": {d: _version(d) for d in DISTS},
+        "loader_files": loader_files(),
+        "versions": {d: installed_version(d) for d in DISTS},
+        "pid": os.getpid(),
         "gate": gates,
         "aspects_installed": list(s.aspects_installed),
         "aspects_effective": list(s.aspects_effective),
         "modules_seen": list(s.modules_seen),
         "graphs_owned": len(graphs),
-        "graphs_refused": {str(k): v for k, v in REGISTRY.refused.items()},
+        "graphs_refused": refused,
         "tasks_per_kind": tasks,
         "counters": dict(sorted(s.counters.items())),
     }
 
 
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(data, dict) and data:
+        rows = []
+        for key, value in data.items():
+            rows.extend(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return rows
+    if isinstance(data, (list, tuple, set, frozenset)):
+        text = ", ".join(str(v) for v in data) if data else "-"
+    elif data is None or data == {}:
+        text = "-"
+    else:
+        text = str(data)
+    return [(prefix, text)]
+
+
 def format_text(snap: dict[str, Any]) -> str:
-    rows: list[tuple[str, str]] = []
-    for key, value in snap.items():
-        if isinstance(value, dict):
-            if not value:
-                rows.append((key, "-"))
-            for sub, v in value.items():
-                rows.append((f"{key}.{sub}", str(v)))
-        elif isinstance(value, list):
-            rows.append((key, ", ".join(map(str, value)) or "-"))
-        else:
-            rows.append((key, str(value)))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    """One ``key: value`` per line, values aligned; nested dicts become dotted keys."""
+    rows = _flatten(snap)
+    width = max((len(k) for k, _ in rows), default=0) + 1
+    return "\n".join(f"{key + ':':<{width}} {value}" for key, value in rows)
+
+
+def check_failed(snap: dict[str, Any]) -> bool:
+    """``status --check`` fails when any gate group's verdict is ``refused``."""
+    gate = snap.get("gate") or {}
+    return any(isinstance(v, dict) and v.get("verdict") == "refused" for v in gate.values())

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Build the pinned CPU test stack into .venv: torch 2.13.0 CPU, vLLM 0.23.0 (empty target),
-# vllm-ascend 0.23.0.post1 (pure Python), test tools, and this package (editable).
+# vllm-ascend 0.23.0.post1 (pure Python), test tools, and both distributions of this repository
+# (ascend-graph-patch and torch-npu-sim, editable).
 # Idempotent: a stamp file records a finished build; delete .venv to rebuild.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${VENV:-$ROOT/.venv}
 STAMP=$VENV/.stack-ok
+# What a built stack depends on: any change to these rebuilds it.
+stack_inputs() {
+  cat constraints.txt scripts/build-stack.sh setup.cfg setup.py loader/* \
+    simulator/setup.cfg simulator/setup.py simulator/loader/*
+}
 PY=${PYTHON:-python3}
-if [[ -f $STAMP ]] && cmp -s "$STAMP" <(cat constraints.txt scripts/build-stack.sh setup.cfg setup.py loader/*); then
+if [[ -f $STAMP ]] && cmp -s "$STAMP" <(stack_inputs); then
   exit 0
 fi
 t0=$(date +%s)
@@ -37,7 +43,8 @@ pip install -q transformers==5.5.4 scipy pandas numba msgpack quart decorator py
   torchvision==0.28.0 pytest pytest-mock pytest-timeout ruff
 pip uninstall -y -q triton >/dev/null 2>&1 || true
 # compat mode: a plain path entry instead of an import finder (~8 ms less per process).
-pip install -q --no-build-isolation --no-deps --config-settings editable_mode=compat -e .
+pip install -q --no-build-isolation --no-deps --config-settings editable_mode=compat \
+  -e . -e simulator
 pip install -q 'wrapt>=2.4,!=2.2.0,<3' tqdm matplotlib
-cat constraints.txt scripts/build-stack.sh setup.cfg setup.py loader/* > "$STAMP"
+stack_inputs > "$STAMP"
 echo "stack built in $(( $(date +%s) - t0 )) s"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from ascend_graph_patch.sim.harness import Scenario, SimEngine
+    from torch_npu_sim.harness.target import Scenario, SimEngine
 
 
 @pytest.fixture
@@ -28,8 +28,8 @@ def engine_factory() -> Iterator[Callable[..., SimEngine]]:
     engines: list[SimEngine] = []
 
     def make(scenario: str | Scenario, **overrides: Any) -> SimEngine:
-        from ascend_graph_patch.sim.harness import SimEngine
-        from ascend_graph_patch.sim.scenarios import SCENARIOS
+        from torch_npu_sim.harness.scenarios import SCENARIOS
+        from torch_npu_sim.harness.target import SimEngine
 
         for engine in engines:
             engine.close()

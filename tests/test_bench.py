@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_graph_patch.bench import command, core
+from torch_npu_sim.bench import command, core
 
 
 @pytest.fixture(autouse=True)

@@ -24,15 +24,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 @pytest.fixture
-def fallback(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Force the CLI's own minimal snapshot (as if ``ascend_graph_patch.status`` were absent)."""
-    clean_env.setitem(sys.modules, "ascend_graph_patch.status", None)
-    return clean_env
+def fake_snapshot(clean_env: pytest.MonkeyPatch) -> list[bool]:
+    """``status.snapshot`` stood in for, recording the ``check`` argument it was called with."""
+    from ascend_graph_patch import status
 
-
-@pytest.fixture
-def fake_status(clean_env: pytest.MonkeyPatch) -> list[bool]:
-    """A stand-in ``status`` module recording the ``check`` argument it was called with."""
     calls: list[bool] = []
 
     def snapshot(check: bool) -> dict:
@@ -41,9 +36,7 @@ def fake_status(clean_env: pytest.MonkeyPatch) -> list[bool]:
         return {"mode": "observe", "gate": {"v1": {"verdict": verdict, "reason": "seams"}},
                 "aspects": [1, 2]}
 
-    module = types.ModuleType("ascend_graph_patch.status")
-    module.snapshot = snapshot  # type: ignore[attr-defined]
-    clean_env.setitem(sys.modules, "ascend_graph_patch.status", module)
+    clean_env.setattr(status, "snapshot", snapshot)
     return calls
 
 
@@ -53,15 +46,15 @@ def add_command(monkeypatch: pytest.MonkeyPatch, name: str, run) -> None:
     module.add_arguments = lambda p: p.add_argument("--n", type=int, default=0)  # type: ignore
     module.run = run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(cli.SUBCOMMANDS, name, module.__name__)
+    monkeypatch.setitem(cli.BUILTIN, name, module.__name__)
 
 
-def test_status_text_is_aligned_key_value(fallback, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_text_is_aligned_key_value(clean_env, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = dict(line.split(": ", 1) for line in lines)
     assert rows["mode"].strip() == "off"
-    for key in ("strict", "force", "sim_requested", "torch_npu_real", "versions.vllm",
+    for key in ("strict", "force", "simulator", "versions.vllm", "versions.torch-npu-sim",
                 "versions.vllm-ascend", "versions.torch", "versions.ascend-graph-patch"):
         assert key in rows, key
     assert rows["versions.ascend-graph-patch"].strip() == ascend_graph_patch.__version__
@@ -69,24 +62,25 @@ def test_status_text_is_aligned_key_value(fallback, capsys: pytest.CaptureFixtur
     assert len(value_columns) == 1  # every value starts in the same column
 
 
-def test_status_json_parses(fallback, capsys: pytest.CaptureFixture[str]) -> None:
-    fallback.setenv("ASCEND_GRAPH_PATCH", "verify")
-    fallback.setenv("ASCEND_GRAPH_PATCH_STRICT", "1")
+def test_status_json_parses(clean_env, capsys: pytest.CaptureFixture[str]) -> None:
+    clean_env.setenv("ASCEND_GRAPH_PATCH", "verify")
+    clean_env.setenv("ASCEND_GRAPH_PATCH_STRICT", "yes")
     assert cli.main(["status", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["mode"] == "verify" and data["strict"] is True and data["force"] is False
+    assert data["env_mode"] == "verify" and data["strict"] is False and data["force"] is False
     assert data["versions"]["ascend-graph-patch"] == ascend_graph_patch.__version__
-    assert data["torch_npu_real"] is False  # no real torch_npu on this machine
+    assert data["versions"]["torch-npu"] is None  # no real torch_npu on this machine
+    assert data["simulator"] is True  # the test session's torch_npu is the simulator
+    assert any("ASCEND_GRAPH_PATCH_STRICT='yes'" in p for p in data["environment_problems"])
 
 
-def test_status_uses_status_module(fake_status: list[bool], capsys) -> None:
+def test_status_uses_status_module(fake_snapshot: list[bool], capsys) -> None:
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "gate.v1.verdict:" in out and "aspects:" in out and "1, 2" in out
     assert cli.main(["status", "--json", "--check"]) == 1  # a group was refused
     assert json.loads(capsys.readouterr().out)["gate"]["v1"]["verdict"] == "refused"
-    assert fake_status == [False, True]
-    assert cli.check_failed({"ok": False}) and not cli.check_failed({"gate": {}})
+    assert fake_snapshot == [False, True]
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,7 +107,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_missing_module_is_skipped(monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(cli.SUBCOMMANDS, "ghost", "ascend_graph_patch.no_such_module.command")
+    monkeypatch.setitem(cli.BUILTIN, "ghost", "ascend_graph_patch.no_such_module.command")
     assert cli.main(["--help"]) == 0
     assert "ghost" not in capsys.readouterr().out
     assert cli.main(["ghost"]) == 2
@@ -131,18 +125,18 @@ def test_broken_module_is_an_error_not_a_skip(monkeypatch, tmp_path: Path, capsy
         cli.load_command("agp_test_broken")
     with pytest.raises(TypeError):
         cli.load_command("agp_test_halfway")
-    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", "agp_test_broken")
+    monkeypatch.setitem(cli.BUILTIN, "broken", "agp_test_broken")
     assert cli.main(["broken"]) == 1
     assert "agp_test_no_such_dependency" in capsys.readouterr().err
 
 
-def test_commands_load_lazily(monkeypatch, fallback) -> None:
+def test_commands_load_lazily(monkeypatch, clean_env) -> None:
     """Running ``status`` must not import the other subcommands' modules."""
     def explode(args) -> int:
         raise AssertionError("not me")
 
     add_command(monkeypatch, "other", explode)
-    monkeypatch.setitem(cli.SUBCOMMANDS, "trap", "agp_test_trap_never_imported")
+    monkeypatch.setitem(cli.BUILTIN, "trap", "agp_test_trap_never_imported")
     imported: list[str] = []
     real_import = cli.importlib.import_module
 
@@ -153,12 +147,23 @@ def test_commands_load_lazily(monkeypatch, fallback) -> None:
     monkeypatch.setattr(cli.importlib, "import_module", spy)
     assert cli.main(["status", "--json"]) == 0
     assert "agp_test_trap_never_imported" not in imported and "agp_test_other" not in imported
+    assert not any(name.startswith("torch_npu_sim.") for name in imported)
+
+
+def test_other_distributions_add_subcommands_by_entry_point(capsys) -> None:
+    """torch-npu-sim adds ``bench`` and ``soak``; the overlay names neither."""
+    table = cli.subcommands()
+    assert table["bench"] == "torch_npu_sim.bench.command"
+    assert table["soak"] == "torch_npu_sim.soak:command"
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "bench" in out and "soak" in out
 
 
 def test_added_subcommand_runs(monkeypatch) -> None:
     seen = []
-    add_command(monkeypatch, "bench", lambda args: seen.append(args.n) or 7)
-    assert cli.main(["bench", "--n", "3"]) == 7
+    add_command(monkeypatch, "extra", lambda args: seen.append(args.n) or 7)
+    assert cli.main(["extra", "--n", "3"]) == 7
     assert seen == [3]
 
 

@@ -8,8 +8,8 @@ import weakref
 
 from ascend_graph_patch import activation
 from ascend_graph_patch.core.registry import REGISTRY
-from ascend_graph_patch.sim.harness import SimEngine
-from ascend_graph_patch.sim.scenarios import SCENARIOS
+from torch_npu_sim.harness.scenarios import SCENARIOS
+from torch_npu_sim.harness.target import SimEngine
 
 
 def test_owned_graphs_and_captured_tensors_die_with_the_engine() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_graph_patch import _bootstrap, activation, mode
+from ascend_graph_patch import _bootstrap, activation, settings
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -72,15 +72,14 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 @pytest.fixture
 def fresh(env: pytest.MonkeyPatch) -> list[str]:
     """Bootstrap state reset (restored afterwards) and a recording fake ``activation.enable``."""
-    for name, value in [("BOOTSTRAPPED", False), ("MODE", None), ("ENABLE_ERROR", None),
-                        ("SIM_ERROR", None)]:
+    for name, value in [("BOOTSTRAPPED", False), ("MODE", None), ("ENABLE_ERROR", None)]:
         env.setattr(_bootstrap, name, value)
     calls: list[str] = []
     env.setattr(activation, "enable", calls.append)
     return calls
 
 
-# --- mode parsing ------------------------------------------------------------------------------
+# --- settings: the one home for the environment ------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -93,53 +92,82 @@ def fresh(env: pytest.MonkeyPatch) -> list[str]:
     ],
 )
 def test_parse_accepted(raw: str | None, expected: str) -> None:
-    assert mode.parse(raw) == (expected, None)
+    assert settings.parse_mode(raw) == (expected, None)
 
 
 @pytest.mark.parametrize("raw", ["2", "yes", "enable", "verify-strict", "o n", "observer"])
 def test_parse_invalid_is_off_with_one_line_naming_the_values(raw: str) -> None:
-    parsed, warning = mode.parse(raw)
+    parsed, warning = settings.parse_mode(raw)
     assert parsed == "off"
     assert warning is not None and "\n" not in warning
     assert repr(raw) in warning
-    for accepted in mode.MODES:
+    for accepted in settings.MODES:
         assert accepted in warning
 
 
 def test_mode_reads_the_environment(env: pytest.MonkeyPatch) -> None:
-    assert mode.mode() == "off"
+    assert settings.mode() == "off"
     env.setenv("ASCEND_GRAPH_PATCH", "verify")
-    assert mode.mode() == "verify"
-    assert mode.mode({"ASCEND_GRAPH_PATCH": "observe"}) == "observe"
+    assert settings.mode() == "verify"
+    assert settings.mode({"ASCEND_GRAPH_PATCH": "observe"}) == "observe"
 
 
-@pytest.mark.parametrize("reader", [mode.strict, mode.force, mode.sim_requested, mode.debug])
+@pytest.mark.parametrize("reader", [settings.strict, settings.force, settings.debug])
 @pytest.mark.parametrize(("raw", "expected"),
                          [(None, False), ("", False), ("0", False), ("no", False),
                           ("1", True), ("on", True), (" TRUE ", True)])
 def test_boolean_flags(reader, raw: str | None, expected: bool) -> None:
-    name = {mode.strict: mode.ENV_STRICT, mode.force: mode.ENV_FORCE,
-            mode.sim_requested: mode.ENV_SIM, mode.debug: mode.ENV_DEBUG}[reader]
+    name = {settings.strict: settings.ENV_STRICT, settings.force: settings.ENV_FORCE,
+            settings.debug: settings.ENV_DEBUG}[reader]
     environ = {} if raw is None else {name: raw}
     assert reader(environ) is expected
 
 
+@pytest.mark.parametrize("name", [settings.ENV_STRICT, settings.ENV_FORCE, settings.ENV_DEBUG])
+@pytest.mark.parametrize("raw", ["yes", "2", "enable", "of"])
+def test_invalid_flag_is_a_problem_naming_the_accepted_values(name: str, raw: str) -> None:
+    problems = settings.problems({name: raw})
+    assert len(problems) == 1
+    assert name in problems[0] and repr(raw) in problems[0]
+    for accepted in ("1", "on", "true", "0", "off", "false"):
+        assert accepted in problems[0]
+
+
+def test_valid_settings_have_no_problems() -> None:
+    environ = {settings.ENV_MODE: "verify", settings.ENV_STRICT: "1", settings.ENV_FORCE: "off",
+               settings.ENV_DEBUG: "", settings.ENV_DISABLE: "replay.update",
+               "ASCEND_GRAPH_PATCH_SIM": "1"}
+    assert settings.problems(environ) == []
+
+
+def test_unknown_variable_is_named() -> None:
+    problems = settings.problems({"ASCEND_GRAPH_PATCH_STICT": "1"})
+    assert len(problems) == 1 and "ASCEND_GRAPH_PATCH_STICT" in problems[0]
+    assert settings.ENV_STRICT in problems[0]  # and the names that do exist
+
+
 def test_disabled_aspects() -> None:
-    environ = {mode.ENV_DISABLE: " Replay, attention,,capture "}
-    assert mode.disabled_aspects(environ) == {"replay", "attention", "capture"}
-    assert mode.disabled_aspects({}) == frozenset()
-    assert mode.aspect_disabled("REPLAY", environ)
-    assert not mode.aspect_disabled("verify", environ)
-    assert mode.aspect_disabled("anything", {mode.ENV_DISABLE: "*"})
+    environ = {settings.ENV_DISABLE: " Replay, attention,,capture "}
+    assert settings.disabled_aspects(environ) == {"replay", "attention", "capture"}
+    assert settings.disabled_aspects({}) == frozenset()
+    assert settings.aspect_disabled("REPLAY", environ)
+    assert not settings.aspect_disabled("verify", environ)
+    assert settings.aspect_disabled("anything", {settings.ENV_DISABLE: "*"})
 
 
-def test_prefilters_match_mode() -> None:
-    """The bootstrap's and the .pth's fast off-checks must agree with mode.py."""
-    assert set(_bootstrap._OFF_VALUES) == mode.OFF_VALUES
-    assert set(_bootstrap._ON_VALUES) == mode.ON_VALUES
+def test_unknown_aspect_names_are_named() -> None:
+    known = ["replay.update", "capture.v1"]
+    environ = {settings.ENV_DISABLE: "replay.update, replay.updat, *"}
+    problem = settings.unknown_aspects(known, environ)
+    assert "replay.updat" in problem and "capture.v1" in problem
+    assert settings.unknown_aspects(known, {settings.ENV_DISABLE: "Capture.V1,*"}) == ""
+
+
+def test_pth_prefilter_matches_settings() -> None:
+    """The .pth's inline off-check must agree with settings.OFF_VALUES."""
     pth = (REPO / "loader" / "ascend_graph_patch.pth").read_text()
-    for values in (_bootstrap._OFF_VALUES, _bootstrap._ON_VALUES):
-        assert "(" + ", ".join(f'"{v}"' for v in values) + ")" in pth
+    assert "(" + ", ".join(f'"{v}"' for v in ("", "0", "off", "false")) + ")" in pth
+    assert {"", "0", "off", "false"} == settings.OFF_VALUES
 
 
 # --- bootstrap, in process ---------------------------------------------------------------------
@@ -170,6 +198,18 @@ def test_invalid_value_warns_once_and_stays_off(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("ascend-graph-patch: ") and "'maybe'" in err[0]
     assert fresh == [] and _bootstrap.MODE == "off"
+
+
+def test_invalid_flag_warns_once_and_the_overlay_still_comes_up(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("ASCEND_GRAPH_PATCH", "verify")
+    env.setenv("ASCEND_GRAPH_PATCH_STRICT", "yes")
+    _bootstrap.bootstrap()
+    _bootstrap.bootstrap()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "ASCEND_GRAPH_PATCH_STRICT='yes'" in err[0]
+    assert fresh == ["verify"]
 
 
 def test_idempotent(fresh: list[str], env: pytest.MonkeyPatch) -> None:
@@ -205,40 +245,6 @@ def test_debug_adds_traceback(
     env.setenv("ASCEND_GRAPH_PATCH_DEBUG", "1")
     _bootstrap.bootstrap()
     assert "Traceback" in capsys.readouterr().err
-
-
-def test_sim_requested_activates_finder_even_when_off(
-    fresh: list[str], env: pytest.MonkeyPatch
-) -> None:
-    import types
-
-    calls: list[bool] = []
-    finder = types.ModuleType("ascend_graph_patch.sim.finder")
-    finder.activate = lambda: calls.append(True)  # type: ignore[attr-defined]
-    env.setitem(sys.modules, "ascend_graph_patch.sim.finder", finder)
-    env.setenv("ASCEND_GRAPH_PATCH_SIM", "1")
-    _bootstrap.bootstrap()
-    assert calls == [True]
-    assert fresh == [] and _bootstrap.MODE == "off" and _bootstrap.SIM_ERROR is None
-
-
-def test_sim_activation_failure_is_one_warning(
-    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import types
-
-    def boom() -> None:
-        raise OSError("no space")
-
-    finder = types.ModuleType("ascend_graph_patch.sim.finder")
-    finder.activate = boom  # type: ignore[attr-defined]
-    env.setitem(sys.modules, "ascend_graph_patch.sim.finder", finder)
-    env.setenv("ASCEND_GRAPH_PATCH_SIM", "on")
-    env.setenv("ASCEND_GRAPH_PATCH", "observe")
-    _bootstrap.bootstrap()
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "OSError: no space" in err[0]
-    assert fresh == ["observe"]  # the overlay itself still comes up
 
 
 def test_entry_point_resolves_to_bootstrap() -> None:
@@ -349,7 +355,7 @@ import time:       100 |        100 |   _io
 import time:       300 |        300 |     ascend_graph_patch
 import time:        50 |         50 |       wrapt.nested
 import time:       400 |        400 |       __future__
-import time:       200 |        650 |     ascend_graph_patch.mode
+import time:       200 |        650 |     ascend_graph_patch.settings
 import time:      1000 |       1950 |   ascend_graph_patch._bootstrap
 import time:        70 |         70 |   wrapt
 import time:        10 |         10 | json
@@ -372,15 +378,3 @@ def test_startup_measurement_sees_the_loader_only_when_enabled() -> None:
     on = _bootstrap.measure_startup("observe", repeats=1)
     assert off == 0.0
     assert on > 0.0  # the measurement does see the loader's imports when enabled
-
-
-def test_sim_finder_activated_at_startup(tmp_path: Path) -> None:
-    """ASCEND_GRAPH_PATCH_SIM reaches a fresh interpreter through the .pth, without torch."""
-    pytest.importorskip("ascend_graph_patch.sim.finder")
-    code = ("import sys; print(sorted(type(f).__name__ for f in sys.meta_path)); "
-            "print('torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(ASCEND_GRAPH_PATCH_SIM="1"),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    finders, torch_loaded = proc.stdout.splitlines()
-    assert "SimTorchNpuFinder" in finders and torch_loaded == "False"

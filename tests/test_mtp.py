@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from ascend_graph_patch.sim.draft_harness import DRAFT_SCENARIOS, DraftEngine, DraftScenario
+from torch_npu_sim.harness.draft import DRAFT_SCENARIOS, DraftEngine, DraftScenario
 
 STEPS = 16
 TOL = 1e-4
@@ -228,7 +228,7 @@ def test_update_waiting_on_its_own_replay_is_a_deadlock(
     from vllm.forward_context import get_forward_context
 
     from ascend_graph_patch import state
-    from ascend_graph_patch.sim.runtime import SimulatorError
+    from torch_npu_sim.runtime import SimulatorError
 
     if mode is not None:
         overlay(mode)

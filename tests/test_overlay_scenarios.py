@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_graph_patch.sim.scenarios import SCENARIOS
 from tests.overlay_support import EAGER_TOL, STEPS, bitwise_equal, run_arm
+from torch_npu_sim.harness.scenarios import SCENARIOS
 
 NAMES = list(SCENARIOS)
 

@@ -1,11 +1,14 @@
-"""The wheel: loader files at the purelib root, metadata, and a real install into a throwaway venv.
+"""The two wheels: loader files at the purelib root, metadata, a real install into a throwaway
+venv, and the line between them: the overlay's wheel carries no simulator code, and the overlay's
+source imports nothing of the simulator.
 
-The build runs on a copy of the project files so concurrent work in the tree (and ``build/``
-leftovers) cannot leak into it. One module-scoped wheel serves every test (~5 s in total).
+The builds run on a copy of the project files so concurrent work in the tree (and ``build/``
+leftovers) cannot leak into them. One module-scoped wheel per distribution serves every test.
 """
 
 from __future__ import annotations
 
+import ast
 import email.parser
 import json
 import os
@@ -29,15 +32,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def build_wheel(tmp_path_factory: pytest.TempPathFactory, root: Path, package: str) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in PROJECT_FILES:
-        if (REPO / name).is_file():
-            shutil.copy2(REPO / name, src / name)
+        if (root / name).is_file():
+            shutil.copy2(root / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("loader", "ascend_graph_patch"):
-        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    for name in ("loader", package):
+        shutil.copytree(root / name, src / name, ignore=ignore)
     out = tmp_path_factory.mktemp("wheelhouse")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -45,8 +47,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True, text=True, timeout=180, env=clean_env(PIP_NO_INPUT="1"),
     )
     assert proc.returncode == 0, proc.stderr
-    (whl,) = out.glob("ascend_graph_patch-*.whl")
+    (whl,) = out.glob(f"{package}-*.whl")
     return whl
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory, REPO, "ascend_graph_patch")
+
+
+@pytest.fixture(scope="module")
+def sim_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory, REPO / "simulator", "torch_npu_sim")
 
 
 def dist_info_file(whl: Path, name: str) -> str:
@@ -116,3 +128,69 @@ def test_installed_wheel_runs_the_loader(wheel: Path, tmp_path: Path) -> None:
                    capture_output=True, env=clean_env())
     for name in LOADER:
         assert not (site / name).exists()
+
+
+# --- the line between the overlay and the simulator ---------------------------------------------
+
+SIM_PACKAGE = "torch_npu_sim"
+
+
+def test_overlay_wheel_carries_no_simulator_code(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        sources = {n: zf.read(n).decode() for n in names if n.endswith(".py")}
+    assert not [n for n in names if n.startswith(SIM_PACKAGE) or "/sim/" in n]
+    # and nothing in it stands in for torch_npu: the simulator's runtime lives elsewhere
+    for name, text in sources.items():
+        assert "TorchDispatchMode" not in text, name
+        assert "class NPUGraph" not in text, name
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            found.add(str(node.args[0].value))
+    return found
+
+
+def test_overlay_imports_nothing_from_the_simulator() -> None:
+    """Static: no import statement (nor ``import_module("...")``) in the overlay names it."""
+    offenders = {
+        str(path.relative_to(REPO)): sorted(m for m in mods if m.split(".")[0] == SIM_PACKAGE)
+        for path in (REPO / "ascend_graph_patch").rglob("*.py")
+        if (mods := _imported_modules(path))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_import_scan_can_fail(tmp_path: Path) -> None:
+    """Negative control for the scan above: each way of importing is seen."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import torch_npu_sim.runtime\nfrom torch_npu_sim import harness\n"
+                     "import importlib\nimportlib.import_module('torch_npu_sim.ops')\n")
+    assert {m.split(".")[0] for m in _imported_modules(probe)} >= {SIM_PACKAGE}
+    assert _imported_modules(probe) >= {"torch_npu_sim.runtime", "torch_npu_sim",
+                                         "torch_npu_sim.ops"}
+
+
+def test_simulator_wheel_ships_its_loader_and_entry_points(sim_wheel: Path) -> None:
+    with zipfile.ZipFile(sim_wheel) as zf:
+        names = set(zf.namelist())
+        assert zf.read("torch_npu_sim.pth").decode() == (
+            REPO / "simulator" / "loader" / "torch_npu_sim.pth"
+        ).read_text()
+    assert "torch_npu_sim/runtime.py" in names
+    assert not [n for n in names if n.startswith("ascend_graph_patch/")]
+    text = dist_info_file(sim_wheel, "entry_points.txt")
+    assert "[ascend_graph_patch.commands]" in text and "bench = torch_npu_sim.bench.command" in text
+    assert "[ascend_graph_patch.ab_workers]" in text and "sim = torch_npu_sim.ab_worker" in text

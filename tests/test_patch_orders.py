@@ -17,7 +17,7 @@ from ascend_graph_patch import activation
 
 PROBE = r"""
 import json, sys
-from ascend_graph_patch import sim
+import torch_npu_sim as sim
 IMPORT_FIRST = sys.argv[1] == "import-first"
 ENABLE = sys.argv[2]
 import vllm_ascend.ops  # noqa: F401
@@ -50,7 +50,7 @@ print(json.dumps({
 
 def probe(env_mode: str, order: str, enable: str = "-") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
-    env.update(ASCEND_GRAPH_PATCH=env_mode, ASCEND_GRAPH_PATCH_SIM="1", VLLM_PLUGINS="ascend")
+    env.update(ASCEND_GRAPH_PATCH=env_mode, TORCH_NPU_SIM="1", VLLM_PLUGINS="ascend")
     proc = subprocess.run([sys.executable, "-c", PROBE, order, enable], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_graph_patch import sim
-from ascend_graph_patch.sim import runtime
-from ascend_graph_patch.sim.runtime import SimOp, SimulatorError
+import torch_npu_sim as sim
+from torch_npu_sim import runtime
+from torch_npu_sim.runtime import SimOp, SimulatorError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_reference_ops_are_launchable_and_host_functions_are_not() -> None:
     assert fia.out.name == "npu_fused_infer_attention_score.out"
     assert isinstance(mod._npu_paged_attention, SimOp)
     try:
-        from ascend_graph_patch.sim import ops
+        from torch_npu_sim import ops
     except ImportError:
         pytest.skip("sim/ops.py not available")
     for name in ops.HOST_FUNCTIONS:
@@ -97,7 +97,7 @@ _PROBE = textwrap.dedent(
     """
     import importlib.util, sys
     before = "torch" in sys.modules
-    from ascend_graph_patch.sim import finder
+    from torch_npu_sim import finder
     assert "torch" not in sys.modules or before, "importing the finder imported torch"
     try:
         import torch_npu
@@ -128,11 +128,11 @@ def _run_probe(env_extra: dict[str, str]) -> tuple[list[str], str]:
 
 
 def test_fresh_process_gets_torch_npu_only_through_the_finder() -> None:
-    # ASCEND_GRAPH_PATCH_SIM=0 keeps the loader's bootstrap from activating the finder first.
-    lines, _ = _run_probe({"ASCEND_GRAPH_PATCH_SIM": "0", "ASCEND_GRAPH_PATCH": "0"})
+    # TORCH_NPU_SIM=0 keeps the loader's bootstrap from activating the finder first.
+    lines, _ = _run_probe({"TORCH_NPU_SIM": "0", "ASCEND_GRAPH_PATCH": "0"})
     assert "MISSING" in lines
     assert "ACTIVATE True" in lines
-    assert "FROM ascend_graph_patch.sim.finder" in lines
+    assert "FROM torch_npu_sim.finder" in lines
     assert "SHARED True" in lines
 
 
@@ -141,9 +141,54 @@ def test_finder_refuses_to_shadow_a_real_torch_npu(tmp_path: Path) -> None:
     fake.mkdir()
     (fake / "__init__.py").write_text("npu = None\n")
     lines, err = _run_probe(
-        {"ASCEND_GRAPH_PATCH_SIM": "1", "ASCEND_GRAPH_PATCH": "0", "PYTHONPATH": str(tmp_path)}
+        {"TORCH_NPU_SIM": "1", "ASCEND_GRAPH_PATCH": "0", "PYTHONPATH": str(tmp_path)}
     )
     assert f"EARLY {fake / '__init__.py'}" in lines
     assert "ACTIVATE False" in lines
     assert f"FILE {fake / '__init__.py'}" in lines
     assert err.count("real torch_npu is installed") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the simulator's own loader line (torch_npu_sim.pth), in fresh interpreters
+
+_FINDERS = "import sys; print(any(type(f).__name__ == 'SimTorchNpuFinder' for f in sys.meta_path))"
+
+
+def _start(tmp_path: Path, **env: str) -> tuple[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TORCH_NPU_SIM", "ASCEND_GRAPH_PATCH_SIM")}
+    clean.update(env)
+    proc = subprocess.run([sys.executable, "-c", _FINDERS], env=clean, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr
+
+
+@pytest.mark.parametrize(("env", "active"), [
+    ({}, "False"),
+    ({"TORCH_NPU_SIM": "1"}, "True"),
+    ({"TORCH_NPU_SIM": "On"}, "True"),
+    ({"ASCEND_GRAPH_PATCH_SIM": "true"}, "True"),  # the older name still works
+    ({"TORCH_NPU_SIM": "0", "ASCEND_GRAPH_PATCH_SIM": "1"}, "False"),  # the new name wins
+    ({"TORCH_NPU_SIM": "off"}, "False"),
+])
+def test_pth_activates_the_finder_only_when_asked(tmp_path: Path, env: dict, active: str) -> None:
+    out, err = _start(tmp_path, **env)
+    assert (out, err) == (active, "")
+
+
+def test_pth_warns_once_about_a_value_that_means_nothing(tmp_path: Path) -> None:
+    out, err = _start(tmp_path, TORCH_NPU_SIM="yes")
+    assert out == "False"
+    lines = err.splitlines()
+    assert len(lines) == 1 and "TORCH_NPU_SIM='yes'" in lines[0] and "1, on, true" in lines[0]
+
+
+def test_pth_prefilter_matches_the_finder() -> None:
+    from torch_npu_sim import finder
+
+    pth = (REPO / "simulator" / "loader" / "torch_npu_sim.pth").read_text()
+    assert {"", "0", "off", "false"} == finder.OFF_VALUES
+    assert '("", "0", "off", "false")' in pth
+    assert finder.ENV_VAR in pth and finder.ENV_VAR_OLD in pth

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_graph_patch.sim import ops
-from ascend_graph_patch.sim.ops import HOST_FUNCTIONS, INT_MAX, REFERENCE_OPS
+from torch_npu_sim import ops
+from torch_npu_sim.ops import HOST_FUNCTIONS, INT_MAX, REFERENCE_OPS
 
 ATOL = 1e-5
 RTOL = 1e-5

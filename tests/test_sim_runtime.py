@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from ascend_graph_patch.sim import runtime
-from ascend_graph_patch.sim.runtime import SimulatorError
+from torch_npu_sim import runtime
+from torch_npu_sim.runtime import SimulatorError
 
 npu = runtime  # the torch.npu surface lives in runtime (install.py re-exports it)
 

@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from ascend_graph_patch.core.providers import FIA, FIA_V2, PA
-from ascend_graph_patch.sim.harness import LayerSpec, Scenario
-from ascend_graph_patch.sim.scenarios import SCENARIOS
+from torch_npu_sim.harness.scenarios import SCENARIOS
+from torch_npu_sim.harness.target import LayerSpec, Scenario
 
 STEPS = 200
 TOL = 1e-5  # as the v1 matrix (tests/overlay_support.py); measured max 1.1e-06
@@ -113,7 +113,7 @@ def run_arm(scenario: Scenario, role: str = "target", qlen: int = 1, steps: int 
     raises ends the arm and is kept in ``arm.error``."""
     from ascend_graph_patch import state
     from ascend_graph_patch.core.registry import REGISTRY
-    from ascend_graph_patch.sim.v2_harness import V2Engine
+    from torch_npu_sim.harness.v2 import V2Engine
 
     arm = Arm()
     engine = V2Engine(scenario, role, qlen)
@@ -155,7 +155,7 @@ def assert_bitwise(a: Arm, b: Arm) -> None:
 
 def test_release_model_manager_cannot_be_built_on_vllm_0_23() -> None:
     """Evidence for the harness shim: stock v2 target capture cannot even start on vLLM 0.23.0."""
-    from ascend_graph_patch.sim.v2_harness import V2Engine, stock_model_manager_error
+    from torch_npu_sim.harness.v2 import V2Engine, stock_model_manager_error
 
     for name in V2_MODULES:
         importlib.import_module(name)
@@ -365,7 +365,7 @@ def test_v2_wrong_binding_caught_by_verify_and_eager(overlay: Callable[[str], No
 def test_v2_draft_decode_graphs_refused_with_reason(overlay: Callable[[str], None]) -> None:
     from ascend_graph_patch import status
     from ascend_graph_patch.aspects.capture_v2 import DECODE
-    from ascend_graph_patch.sim.v2_harness import V2Engine
+    from torch_npu_sim.harness.v2 import V2Engine
 
     overlay("on")
     engine = V2Engine(DRAFT, "draft", 1)

@@ -17,7 +17,7 @@ import json, os
 from ascend_graph_patch import _bootstrap
 before = _bootstrap.MODE
 os.environ["ASCEND_GRAPH_PATCH"] = "observe"
-os.environ["ASCEND_GRAPH_PATCH_SIM"] = "1"
+os.environ["TORCH_NPU_SIM"] = "1"
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 load_general_plugins()  # vLLM may call it again in the same process

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,10 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after --: vLLM engine args for --model (as for `vllm serve`)")
 
 
-def _scenario_names() -> list[str]:
-    from ascend_graph_patch.sim.scenarios import SCENARIOS
+def catalogue(workload: str = "sim") -> dict[str, str]:
+    """Scenario name -> how stock is known to behave on it, asked of the workload's worker.
 
-    return list(SCENARIOS)
+    The worker runs in a subprocess (``--list``): the overlay never imports a workload package.
+    """
+    import subprocess
+
+    from ascend_graph_patch.ab.orchestrate import worker_module
+
+    module = worker_module(workload)
+    if module is None:
+        raise UsageError(
+            f"no {workload!r} workload is installed (the simulator's is in torch-npu-sim); "
+            "on an Ascend host pass --model"
+        )
+    proc = subprocess.run([sys.executable, "-m", module, "--list"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "TORCH_NPU_SIM": "1"})
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"{module} --list failed: {tail}")
+    return dict(json.loads(proc.stdout))
 
 
 def read_prompts(path: str) -> list[str]:
@@ -121,7 +139,7 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
     else:
         if args.prompts or engine_args:
             raise UsageError("--prompts and engine args need --model")
-        known = _scenario_names() if args.worker is None else None
+        known = list(catalogue()) if args.worker is None else None
         names = [s.strip() for s in (args.scenarios or "").split(",") if s.strip()]
         if not names:
             if known is None:
@@ -139,13 +157,11 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.list:
-        from ascend_graph_patch.sim.scenarios import SCENARIOS
-
-        for name, sc in SCENARIOS.items():
-            print(f"{name:<18} stock: {getattr(sc, 'stock', 'ok')}")
-        return 0
     try:
+        if args.list:
+            for name, stock in catalogue().items():
+                print(f"{name:<22} stock: {stock}")
+            return 0
         cfg = build_config(args)
     except UsageError as exc:
         print(f"ascend-graph-patch ab: error: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ orchestrator never infers a pass from a missing result.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -25,14 +26,25 @@ from typing import Any
 
 from ascend_graph_patch.ab.protocol import ARM_MODES, read_progress
 
-WORKERS = {
-    "sim": "ascend_graph_patch.ab.worker_sim",
-    "vllm": "ascend_graph_patch.ab.worker_vllm",
-}
+#: The worker that runs vLLM itself (on an Ascend host, or on the simulator).
+VLLM_WORKER = "ascend_graph_patch.ab.worker_vllm"
+#: Entry-point group through which other distributions add workloads: name -> worker module.
+#: The simulator (torch-npu-sim) adds ``sim``; the orchestrator only runs ``python -m`` on it.
+WORKERS_GROUP = "ascend_graph_patch.ab_workers"
 
 #: Variables the orchestrator owns in every arm (whatever the caller had).
 _OWNED_PREFIX = "ASCEND_GRAPH_PATCH"
-_KEEP_FROM_CALLER = ("ASCEND_GRAPH_PATCH_SIM", "ASCEND_GRAPH_PATCH_DEBUG")
+_KEEP_FROM_CALLER = ("ASCEND_GRAPH_PATCH_DEBUG",)
+
+
+def worker_module(workload: str) -> str | None:
+    """The worker module of ``workload`` (``vllm``, or one added by an entry point), or None."""
+    if workload == "vllm":
+        return VLLM_WORKER
+    for ep in importlib.metadata.entry_points(group=WORKERS_GROUP):
+        if ep.name == workload:
+            return ep.value.partition(":")[0]
+    return None
 
 
 @dataclass
@@ -125,7 +137,7 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
     env["PYTHONHASHSEED"] = str(cfg.seed)
     env["PYTHONUNBUFFERED"] = "1"
     if cfg.workload == "sim":
-        env["ASCEND_GRAPH_PATCH_SIM"] = "1"
+        env["TORCH_NPU_SIM"] = "1"
         env.setdefault("VLLM_PLUGINS", "ascend")
     else:
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # time the runner in-process
@@ -175,7 +187,10 @@ def run_arm(cfg: ABConfig, run: ArmRun, bar: Any = None, env: dict[str, str] | N
     for stale in (result_path, progress_path):
         stale.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec_for(cfg, run), indent=1))
-    cmd = list(cfg.worker_cmd or [sys.executable, "-m", WORKERS[cfg.workload]])
+    module = worker_module(cfg.workload)
+    if cfg.worker_cmd is None and module is None:
+        raise RuntimeError(f"no A/B worker for workload {cfg.workload!r} is installed")
+    cmd = list(cfg.worker_cmd or [sys.executable, "-m", str(module)])
     cmd += ["--spec", str(spec_path), "--result", str(result_path), "--progress",
             str(progress_path)]
     run_env = arm_env(dict(os.environ if env is None else env), cfg, run)

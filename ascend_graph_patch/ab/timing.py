@@ -2,9 +2,9 @@
 
 The wrappers sit on the update entry points the runner calls (``update_full_graph_params`` as the
 calling module sees it), ABOVE whatever the overlay installed underneath, so stock and patched arms
-are timed at the same seam. On the simulator, work the runtime executes on the host on behalf of
-the "device" (the replayed graph tasks an ``ExternalEvent.record`` releases, run by
-``sim.runtime._drain``) is subtracted: on hardware that work is asynchronous and not host cost.
+are timed at the same seam. A worker on a simulated runtime can name the runtime's task executor
+as the ``device_target``: what it runs on the host on behalf of the "device" (the replayed graph
+tasks an ``ExternalEvent.record`` releases) is subtracted, because on hardware it is asynchronous.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Any
 
 import wrapt
 
-#: Entry points timed on the simulator (the harness resolves this module attribute per call).
-SIM_TARGETS: tuple[str, ...] = ("vllm_ascend.compilation.acl_graph:update_full_graph_params",)
-
 #: Entry points timed in vLLM: every module that imported ``update_full_graph_params`` by name.
 VLLM_TARGETS: tuple[str, ...] = (
     "vllm_ascend.worker.model_runner_v1:update_full_graph_params",
@@ -24,9 +21,6 @@ VLLM_TARGETS: tuple[str, ...] = (
     "vllm_ascend.worker.v2.aclgraph_utils:update_full_graph_params",
     "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph:update_full_graph_params",
 )
-
-#: The simulator's task executor (its time is device time, not host time).
-SIM_DEVICE_TARGET = "ascend_graph_patch.sim.runtime:_drain"
 
 
 class UpdateTimer:

@@ -124,7 +124,9 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
 
 
 def _counters() -> dict[str, int]:
-    if os.environ.get("ASCEND_GRAPH_PATCH", "off").strip().lower() in ("", "0", "off", "false"):
+    from ascend_graph_patch import settings
+
+    if settings.mode() == settings.OFF:
         return {}
     try:
         from ascend_graph_patch import status

@@ -1,12 +1,25 @@
-"""Supported vllm-ascend release lines, as data: versions, seam fingerprints, tuple layouts.
+"""Supported vllm-ascend release lines, as data: versions, seams, op handles, tuple layouts.
 
 Adding a line (say the late-2026 main, with its 21-field FIA tuple and PA wrapper class) means
 adding one module here and listing it in `LINES`; the gate and the aspects read only this data.
 """
+
+from __future__ import annotations
+
+import importlib.metadata
 
 from ascend_graph_patch.lines.base import Check, Line
 from ascend_graph_patch.lines.v0_23 import LINE as V0_23
 
 LINES: tuple[Line, ...] = (V0_23,)
 
-__all__ = ["LINES", "Check", "Line"]
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, or None."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+__all__ = ["LINES", "Check", "Line", "installed_version"]

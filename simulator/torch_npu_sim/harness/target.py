@@ -9,7 +9,7 @@ runs inside a real ``ACLGraphWrapper`` (runtime mode FULL) under the real
 ``vllm_ascend.compilation.acl_graph`` module attribute at call time, so whatever is installed on the
 seams (the overlay, or nothing) is what gets measured.
 
-This module deliberately imports nothing from the overlay (the rest of ``ascend_graph_patch``): it
+This module deliberately imports nothing from the overlay (``ascend_graph_patch``): it
 is the stock workload the overlay is installed onto, so one harness measures both arms.
 
 Process-wide state: the simulator is installed and the (gloo, world size 1) distributed groups are
@@ -133,10 +133,10 @@ class _Process:
         if cls.ready:
             return
         os.environ.setdefault("VLLM_PLUGINS", "ascend")
-        os.environ.setdefault("ASCEND_GRAPH_PATCH_SIM", "1")
+        os.environ.setdefault("TORCH_NPU_SIM", "1")
         import importlib
 
-        from ascend_graph_patch.sim.install import install
+        from torch_npu_sim.install import install
 
         install()  # before anything imports vllm.config (torch_npu must be the simulator)
 
@@ -844,7 +844,7 @@ def _shallow_copy(obj: Any) -> Any:
 def _reset_runtime() -> None:
     """Reset the simulator runtime's per-test state if it offers a reset."""
     try:
-        from ascend_graph_patch.sim import runtime
+        from torch_npu_sim import runtime
     except ImportError:
         return
     reset = getattr(runtime, "reset", None)

@@ -31,7 +31,7 @@ differs from eager by 0.2-3.3 (``paged_attention`` included: the simulator freez
 
 from __future__ import annotations
 
-from ascend_graph_patch.sim.harness import LayerSpec, Scenario
+from torch_npu_sim.harness.target import LayerSpec, Scenario
 
 
 def _attn(i: int) -> str:

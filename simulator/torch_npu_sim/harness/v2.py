@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ascend_graph_patch.sim.harness import _VOCAB, LinearAttnMetadata, Scenario, SimEngine
+from torch_npu_sim.harness.target import _VOCAB, LinearAttnMetadata, Scenario, SimEngine
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
 

@@ -40,7 +40,7 @@ def _name(i: int) -> str:
 
 
 def _fia(layers: int, batches: tuple[int, ...]) -> Any:
-    from ascend_graph_patch.sim.harness import LayerSpec, Scenario
+    from torch_npu_sim.harness.target import LayerSpec, Scenario
 
     return Scenario(name=f"bench_fia_{layers}",
                     layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=1)
@@ -49,7 +49,7 @@ def _fia(layers: int, batches: tuple[int, ...]) -> Any:
 
 
 def _fia_v2(layers: int, batches: tuple[int, ...]) -> Any:
-    from ascend_graph_patch.sim.harness import LayerSpec, Scenario
+    from torch_npu_sim.harness.target import LayerSpec, Scenario
 
     return Scenario(name=f"bench_fia_v2_{layers}",
                     layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=1, sinks=True)
@@ -58,7 +58,7 @@ def _fia_v2(layers: int, batches: tuple[int, ...]) -> Any:
 
 
 def _pa(layers: int, batches: tuple[int, ...]) -> Any:
-    from ascend_graph_patch.sim.harness import LayerSpec, Scenario
+    from torch_npu_sim.harness.target import LayerSpec, Scenario
 
     return Scenario(name=f"bench_pa_{layers}",
                     layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=2)
@@ -72,8 +72,8 @@ MTP_STEPS = 3
 
 def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
     """A merged MTP draft of ``layers`` attention layers, 3 speculative tokens (one KV group)."""
-    from ascend_graph_patch.sim.draft_harness import DraftScenario, draft_layer
-    from ascend_graph_patch.sim.harness import LayerSpec
+    from torch_npu_sim.harness.draft import DraftScenario, draft_layer
+    from torch_npu_sim.harness.target import LayerSpec
 
     return DraftScenario(name=f"bench_mtp_k{MTP_STEPS}_{layers}",
                          layers=tuple(LayerSpec(draft_layer(i), num_heads=2, num_kv_heads=1)
@@ -125,7 +125,7 @@ class BenchResult:
 
 def _prepare() -> None:
     from ascend_graph_patch import activation
-    from ascend_graph_patch.sim.harness import _Process
+    from torch_npu_sim.harness.target import _Process
 
     _Process.ensure()  # simulator + vllm-ascend imported
     activation.enable("on")  # idempotent; installs at once (modules are loaded)
@@ -253,7 +253,7 @@ def measure_point(engine: Any, kind: str, layers: int, batch: int, rounds: int,
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
     from ascend_graph_patch import state
-    from ascend_graph_patch.sim import runtime
+    from torch_npu_sim import runtime
 
     point = Point(kind, layers, batch)
     stock = _stock_update()
@@ -290,16 +290,16 @@ def measure_point(engine: Any, kind: str, layers: int, batch: int, rounds: int,
 
 
 def _is_draft(engine: Any) -> bool:
-    from ascend_graph_patch.sim.draft_harness import DraftEngine
+    from torch_npu_sim.harness.draft import DraftEngine
 
     return isinstance(engine, DraftEngine)
 
 
 def _engine(scenario: Any, captured: tuple[int, ...]) -> Any:
     """Build and capture (null cost: the attention ops are recorded, not computed)."""
-    from ascend_graph_patch.sim import runtime
-    from ascend_graph_patch.sim.draft_harness import DraftEngine, DraftScenario
-    from ascend_graph_patch.sim.harness import SimEngine
+    from torch_npu_sim import runtime
+    from torch_npu_sim.harness.draft import DraftEngine, DraftScenario
+    from torch_npu_sim.harness.target import SimEngine
 
     engine = (DraftEngine if isinstance(scenario, DraftScenario) else SimEngine)(scenario)
     with runtime.null_cost():
@@ -357,8 +357,8 @@ def _describe(exc: BaseException) -> str:
 def capture_overhead(layers: int, batch: int, repeats: int) -> dict[str, Any]:
     """Capture time of one graph, overlay on vs off (same process, alternating)."""
     from ascend_graph_patch import activation
-    from ascend_graph_patch.sim import runtime
-    from ascend_graph_patch.sim.harness import SimEngine
+    from torch_npu_sim import runtime
+    from torch_npu_sim.harness.target import SimEngine
 
     times: dict[str, list[float]] = {"stock": [], "overlay": []}
     for r in range(repeats):
@@ -404,7 +404,7 @@ def _importtime(mode: str, repeats: int) -> float:
     import sys
 
     env = dict(os.environ, ASCEND_GRAPH_PATCH=mode)
-    env.pop("ASCEND_GRAPH_PATCH_SIM", None)
+    env.pop("TORCH_NPU_SIM", None)
     samples = []
     for _ in range(repeats):
         proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env,

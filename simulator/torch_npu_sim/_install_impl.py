@@ -22,7 +22,8 @@ from . import runtime
 from .runtime import SimulatorError
 
 _MODULE: types.ModuleType | None = None
-SIM_VERSION = "2.9.0+sim"
+#: The torch-npu release the simulator stands in for (vllm-ascend 0.23.0.post1 pins it), marked.
+SIM_VERSION = "2.10.0.post4+sim"
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -394,7 +395,7 @@ def _build(torch: Any) -> types.ModuleType:
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
     mod = _module(
-        "torch_npu", package=True, __version__=SIM_VERSION, Format=Format,
+        "torch_npu", package=True, __version__=SIM_VERSION, __simulated__=True, Format=Format,
         SimulatorError=SimulatorError, _sim_runtime=runtime,
         get_npu_format=lambda _t: int(Format.ND),
         npu_format_cast=lambda t, *_a, **_k: t,

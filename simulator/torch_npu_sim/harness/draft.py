@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ascend_graph_patch.sim.harness import (
+from torch_npu_sim.harness.target import (
     _D_MODEL,
     _VOCAB,
     LayerSpec,

@@ -31,7 +31,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def _kind(text: str) -> str:
     """A kind name as given, or the table's name it matches ignoring case and blanks ("mtp",
     "mtpk=3" -> "MTP k=3"): "MTP k=3" has a blank that shells make awkward."""
-    from ascend_graph_patch.bench import core
+    from torch_npu_sim.bench import core
 
     text = text.strip()
     if text in core.KINDS:
@@ -72,7 +72,7 @@ def _mark(value: float | None, target: float) -> str:
 
 
 def table(points: list[Any]) -> str:
-    from ascend_graph_patch.bench.core import TARGET_VS_FLOOR, TARGET_VS_STOCK
+    from torch_npu_sim.bench.core import TARGET_VS_FLOOR, TARGET_VS_STOCK
 
     cols = ["kind", "layers", "batch", "tasks", "stock us", "overlay us", "floor us",
             f"overlay/stock (<={TARGET_VS_STOCK})", f"overlay/floor (<={TARGET_VS_FLOOR})"]
@@ -94,7 +94,7 @@ def table(points: list[Any]) -> str:
 
 
 def summary_lines(result: Any) -> list[str]:
-    from ascend_graph_patch.bench.core import TARGET_VS_FLOOR, TARGET_VS_STOCK
+    from torch_npu_sim.bench.core import TARGET_VS_FLOOR, TARGET_VS_STOCK
 
     ok = [p for p in result.points if not p.error]
     out = []
@@ -126,7 +126,7 @@ def summary_lines(result: Any) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ascend_graph_patch.bench import core
+    from torch_npu_sim.bench import core
 
     kinds = [_kind(k) for k in (args.kinds or ",".join(core.KINDS)).split(",") if k.strip()]
     unknown = [k for k in kinds if k not in core.KINDS]
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ascend-graph-patch bench: error: unknown kind(s) {', '.join(unknown)}; "
               f"available: {', '.join(core.KINDS)}", file=sys.stderr)
         return 2
-    os.environ.setdefault("ASCEND_GRAPH_PATCH_SIM", "1")
+    os.environ.setdefault("TORCH_NPU_SIM", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout: keep the table
     layers = args.layers or (core.QUICK_LAYERS if args.quick else core.LAYERS)
     batches = args.batches or (core.QUICK_BATCHES if args.quick else core.BATCHES)

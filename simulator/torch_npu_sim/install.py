@@ -1,7 +1,7 @@
 """``install()``: register the simulator as ``torch_npu`` (and ``torch.npu``) plus CPU shims.
 
-This module stays torch-free so that ``ascend_graph_patch.sim`` can re-export ``install`` as a
-function without making ``import ascend_graph_patch.sim.finder`` pay for torch; the work is in
+This module stays torch-free so that ``torch_npu_sim`` can re-export ``install`` as a
+function without making ``import torch_npu_sim.finder`` pay for torch; the work is in
 ``_install_impl``.
 """
 

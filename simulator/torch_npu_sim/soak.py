@@ -4,10 +4,10 @@ Each step the overlay's graph output is checked against the eager run of the sam
 (greedy tokens equal, logits within tolerance). A second, shorter pass in verify mode re-checks
 the scenarios on which the stock update works: there every update is shadow-computed by the stock
 path too and compared parameter by parameter (mismatches counted by the overlay). RSS is sampled
-after every chunk of steps per scenario; it must stay flat. Writes ``docs/soak-result.json``;
+after every chunk of steps per scenario; it must stay flat. Writes ``soak-result.json``;
 exits 1 on any mismatch, error or RSS growth.
 
-``ASCEND_GRAPH_PATCH_SIM=1 python -m ascend_graph_patch.ab.soak [--steps 10000]``
+``ascend-graph-patch soak [--steps 10000]`` (or ``python -m torch_npu_sim.soak``)
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _counters() -> dict[str, int]:
 
 def _chunk(scenario: Any, steps: int, seed: int, atol: float, stats: dict[str, Any]) -> None:
     """Run ``steps`` graph steps of one scenario, each checked against eager."""
-    from ascend_graph_patch.sim.harness import SimEngine
+    from torch_npu_sim.harness.target import SimEngine
 
     rng = random.Random(seed)
     with SimEngine(scenario) as engine:
@@ -68,7 +68,7 @@ def _chunk(scenario: Any, steps: int, seed: int, atol: float, stats: dict[str, A
 def run(steps: int, chunk: int, verify_steps: int, seed: int, atol: float,
         names: list[str]) -> dict[str, Any]:
     from ascend_graph_patch import activation
-    from ascend_graph_patch.sim.scenarios import SCENARIOS
+    from torch_npu_sim.harness.scenarios import SCENARIOS
 
     activation.enable("on")
     started = time.time()
@@ -122,7 +122,7 @@ def run(steps: int, chunk: int, verify_steps: int, seed: int, atol: float,
         if not s["verify_updates"]:
             problems.append(f"verify {name}: no update was verified")
     return {
-        "tool": "ascend_graph_patch.ab.soak",
+        "tool": "torch_npu_sim.soak",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
         "seconds": round(time.time() - started, 1),
@@ -137,9 +137,10 @@ def run(steps: int, chunk: int, verify_steps: int, seed: int, atol: float,
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ascend_graph_patch.ab.soak",
-                                     description=__doc__.splitlines()[0])
+HELP = "soak the overlay on the simulator: >= 10,000 replay steps, each checked against eager"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10_000, help="replay steps in total")
     parser.add_argument("--chunk", type=int, default=250, help="steps per scenario visit")
     parser.add_argument("--verify-steps", type=int, default=40,
@@ -147,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=None, help="comma-separated (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=1e-3)
-    parser.add_argument("--out", default="docs/soak-result.json")
-    ns = parser.parse_args(argv)
-    os.environ.setdefault("ASCEND_GRAPH_PATCH_SIM", "1")
+    parser.add_argument("--out", default="soak-result.json")
+
+
+def run_command(ns: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from ascend_graph_patch.sim.scenarios import SCENARIOS
+    from torch_npu_sim.harness.scenarios import SCENARIOS
 
     names = [s for s in (ns.scenarios or ",".join(SCENARIOS)).split(",") if s]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -168,6 +170,23 @@ def main(argv: list[str] | None = None) -> int:
     for problem in result["problems"]:
         print(f"  - {problem}")
     return 0 if result["ok"] else 1
+
+
+class _Command:
+    """``ascend-graph-patch soak`` (added by torch-npu-sim through an entry point)."""
+
+    HELP = HELP
+    add_arguments = staticmethod(add_arguments)
+    run = staticmethod(run_command)
+
+
+command = _Command()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_npu_sim.soak", description=HELP)
+    add_arguments(parser)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """CPU simulator of the ``torch_npu`` surface vllm-ascend's graph path uses.
 
-Attributes resolve lazily so that ``ascend_graph_patch.sim.finder`` (imported by the loader at
+Attributes resolve lazily so that ``torch_npu_sim.finder`` (imported by the loader at
 interpreter start-up) costs nothing: torch is imported only by ``install()`` or ``runtime``.
 """
 

@@ -6,13 +6,12 @@ batch eagerly as the reference, greedy tokens = argmax of the toy model's logits
 times the tied embedding). The overlay is whatever the arm's ``ASCEND_GRAPH_PATCH`` installed at
 start-up; this module never touches it.
 
-Run as ``python -m ascend_graph_patch.ab.worker_sim --spec S --result R [--progress P]``.
+Run as ``python -m torch_npu_sim.ab_worker --spec S --result R [--progress P]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import sys
 import time
@@ -24,12 +23,18 @@ from typing import Any
 from ascend_graph_patch.ab import timing
 from ascend_graph_patch.ab.protocol import Progress, worker_main
 
+#: The update entry point timed on the simulator (the harness resolves it per call).
+UPDATE_TARGETS: tuple[str, ...] = ("vllm_ascend.compilation.acl_graph:update_full_graph_params",)
+#: The simulator's task executor: its time is device time, not host time.
+DEVICE_TARGET = "torch_npu_sim.runtime:_drain"
+
 
 def _counters() -> dict[str, int]:
     """The overlay's per-process counters (empty in the stock arm, where nothing is loaded)."""
-    if os.environ.get("ASCEND_GRAPH_PATCH", "off").strip().lower() in ("", "0", "off", "false"):
+    from ascend_graph_patch import settings, status
+
+    if settings.mode() == settings.OFF:
         return {}
-    from ascend_graph_patch import status
 
     return dict(status.snapshot().get("counters", {}))
 
@@ -65,7 +70,7 @@ def _eager_compare(graph: Any, eager: Any, atol: float) -> tuple[int, int, float
 def run_case(scenario: Any, spec: dict[str, Any], timer: timing.UpdateTimer, progress: Progress,
              out_dir: Path) -> dict[str, Any]:
     """All steps of one scenario; an exception is recorded on the case, not raised."""
-    from ascend_graph_patch.sim.harness import SimEngine
+    from torch_npu_sim.harness.target import SimEngine
 
     steps, seed = int(spec["steps"]), int(spec["seed"])
     eager_atol = float(spec.get("eager_atol", 1e-3))
@@ -130,8 +135,8 @@ def run_case(scenario: Any, spec: dict[str, Any], timer: timing.UpdateTimer, pro
 
 def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, Any]:
     timer = timing.UpdateTimer()
-    timer.install(timing.SIM_TARGETS, timing.SIM_DEVICE_TARGET)
-    from ascend_graph_patch.sim import scenarios as sim_scenarios
+    timer.install(UPDATE_TARGETS, DEVICE_TARGET)
+    from torch_npu_sim.harness import scenarios as sim_scenarios
 
     table = sim_scenarios.SCENARIOS
     cases = [run_case(table[name], spec, timer, progress, out_dir) for name in spec["cases"]]
@@ -156,6 +161,14 @@ def _status() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--list"]:  # the catalogue, for `ab --list` (imports torch, not vLLM)
+        import json
+
+        from torch_npu_sim.harness.scenarios import SCENARIOS
+
+        print(json.dumps({name: sc.stock for name, sc in SCENARIOS.items()}))
+        return 0
     return worker_main(run, argv)
 
 

@@ -1,0 +1,155 @@
+"""Every ``ASCEND_GRAPH_PATCH*`` environment variable, its accepted values, parsed in one place.
+
+Stdlib only and side-effect free: the bootstrap imports this module in every Python process where
+the toggle is on, so it must cost next to nothing. Each reader takes an optional ``environ``
+mapping, so tests and the CLI can evaluate a configuration without touching ``os.environ``.
+
+A value outside the documented set never switches anything on: the variable reads as its default
+and :func:`problems` names it with the accepted values (the bootstrap prints each once per
+process). The mode is a start-time decision: captured graphs keep the behaviour they were
+captured with, so nothing here is meant to be re-read while an engine runs.
+
+The ``.pth`` loader repeats :data:`OFF_VALUES` inline (it must not import anything when off); a
+test keeps the two copies equal.
+"""
+
+import os
+
+# No __future__/typing/collections imports: this module loads at interpreter start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+PREFIX = "ASCEND_GRAPH_PATCH"
+ENV_MODE = PREFIX
+ENV_STRICT = PREFIX + "_STRICT"
+ENV_FORCE = PREFIX + "_FORCE"
+ENV_DISABLE = PREFIX + "_DISABLE"
+ENV_DEBUG = PREFIX + "_DEBUG"
+
+OFF = "off"
+ON = "on"
+OBSERVE = "observe"
+VERIFY = "verify"
+#: Every mode the overlay can run in, ``off`` first (the default).
+MODES: tuple[str, ...] = (OFF, ON, OBSERVE, VERIFY)
+
+#: Spellings (after ``strip().lower()``) that mean off / false; unset counts as off too.
+OFF_VALUES: frozenset[str] = frozenset({"", "0", "off", "false"})
+#: Spellings that mean on / true.
+ON_VALUES: frozenset[str] = frozenset({"1", "on", "true"})
+
+ACCEPTED_MODE = "off (default; also 0, false, empty), on (1, true), observe, verify"
+ACCEPTED_FLAG = "1, on, true to enable; 0, off, false or empty (the default) to disable"
+
+#: The boolean flags and what each one does (the README's table, and the warnings, use these).
+FLAGS: dict[str, str] = {
+    ENV_STRICT: "verify raises on the first mismatch instead of counting it",
+    ENV_FORCE: "install the aspects even where the compatibility gate refuses",
+    ENV_DEBUG: "print tracebacks with the overlay's warnings and CLI errors",
+}
+
+#: ``ASCEND_GRAPH_PATCH_DISABLE=*`` disables every aspect (OpenTelemetry's convention).
+ALL_ASPECTS = "*"
+
+
+def _env(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
+    return os.environ if environ is None else environ
+
+
+def parse_mode(value: "str | None") -> "tuple[str, str | None]":
+    """Map a raw ``ASCEND_GRAPH_PATCH`` value to ``(mode, problem)``.
+
+    ``problem`` is ``None`` for an accepted value, else one line for the caller to print; an
+    unknown value always means off, because a typo must never switch the overlay on.
+    """
+    norm = (value or "").strip().lower()
+    if norm in OFF_VALUES:
+        return OFF, None
+    if norm in ON_VALUES:
+        return ON, None
+    if norm in (OBSERVE, VERIFY):
+        return norm, None
+    return OFF, f"ignoring {ENV_MODE}={value!r}: accepted values are {ACCEPTED_MODE}; staying off"
+
+
+def parse_flag(name: str, value: "str | None") -> "tuple[bool, str | None]":
+    """Map a raw boolean flag to ``(enabled, problem)``; an invalid value reads as disabled."""
+    norm = (value or "").strip().lower()
+    if norm in ON_VALUES:
+        return True, None
+    if norm in OFF_VALUES:
+        return False, None
+    return False, f"ignoring {name}={value!r}: accepted values are {ACCEPTED_FLAG}; left disabled"
+
+
+def mode(environ: "Mapping[str, str] | None" = None) -> str:
+    """The effective mode (an invalid value reads as ``off``)."""
+    return parse_mode(_env(environ).get(ENV_MODE))[0]
+
+
+def _flag(name: str, environ: "Mapping[str, str] | None") -> bool:
+    return parse_flag(name, _env(environ).get(name))[0]
+
+
+def strict(environ: "Mapping[str, str] | None" = None) -> bool:
+    """``ASCEND_GRAPH_PATCH_STRICT``: ``verify`` raises on a mismatch instead of counting."""
+    return _flag(ENV_STRICT, environ)
+
+
+def force(environ: "Mapping[str, str] | None" = None) -> bool:
+    """``ASCEND_GRAPH_PATCH_FORCE``: install the aspects even if the compatibility gate refuses."""
+    return _flag(ENV_FORCE, environ)
+
+
+def debug(environ: "Mapping[str, str] | None" = None) -> bool:
+    """``ASCEND_GRAPH_PATCH_DEBUG``: print tracebacks with our warnings and CLI errors."""
+    return _flag(ENV_DEBUG, environ)
+
+
+def disabled_aspects(environ: "Mapping[str, str] | None" = None) -> frozenset[str]:
+    """Aspect names listed in ``ASCEND_GRAPH_PATCH_DISABLE`` (comma-separated, case-insensitive).
+
+    May contain :data:`ALL_ASPECTS`; use :func:`aspect_disabled` to test one name.
+    """
+    raw = _env(environ).get(ENV_DISABLE, "")
+    return frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+
+
+def aspect_disabled(name: str, environ: "Mapping[str, str] | None" = None) -> bool:
+    """Whether the aspect ``name`` is switched off by ``ASCEND_GRAPH_PATCH_DISABLE``."""
+    disabled = disabled_aspects(environ)
+    return ALL_ASPECTS in disabled or name.strip().lower() in disabled
+
+
+def unknown_aspects(known: "Iterable[str]", environ: "Mapping[str, str] | None" = None) -> str:
+    """A problem line naming the ``_DISABLE`` entries that match no aspect, or ``""``."""
+    names = {n.lower() for n in known}
+    unknown = sorted(n for n in disabled_aspects(environ) if n != ALL_ASPECTS and n not in names)
+    if not unknown:
+        return ""
+    return (
+        f"{ENV_DISABLE}: no aspect named {', '.join(unknown)} (ignored); "
+        f"known aspects: {', '.join(sorted(names))}, or * for all"
+    )
+
+
+def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
+    """One line per variable whose value is not accepted, and per unknown variable name."""
+    env = _env(environ)
+    found = []
+    _, problem = parse_mode(env.get(ENV_MODE))
+    if problem:
+        found.append(problem)
+    for name in FLAGS:
+        _, problem = parse_flag(name, env.get(name))
+        if problem:
+            found.append(problem)
+    # ASCEND_GRAPH_PATCH_SIM is the simulator's (torch-npu-sim) older name for TORCH_NPU_SIM.
+    known = {ENV_MODE, ENV_DISABLE, *FLAGS, PREFIX + "_SIM"}
+    for name in sorted(env):
+        if name.startswith(PREFIX + "_") and name not in known:
+            found.append(
+                f"unknown variable {name} (ignored); known: {', '.join(sorted(known))}"
+            )
+    return found
