@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the pinned CPU test stack into .venv: torch 2.13.0 CPU, vLLM 0.23.0 (empty target),
-# vllm-ascend 0.23.0.post1 (pure Python), test tools, and both distributions of this repository
-# (ascend-graph-patch and torch-npu-sim, editable).
+# Build the pinned CPU test stack into .venv: torch 2.10.0 and torchvision 0.25.0 (the release's
+# pins; PyPI's CUDA builds, which run on CPU), vLLM 0.23.0 (empty target), vllm-ascend 0.23.0.post1
+# (pure Python), test tools, and both distributions of this repository (editable).
 # Idempotent: a stamp file records a finished build; delete .venv to rebuild.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ pip() {
   "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   return "${PIPESTATUS[0]}"
 }
-pip install -q torch==2.13.0
+pip install -q torch==2.10.0
 pip install -q 'setuptools>=77.0.3,<81' 'setuptools-scm>=8' 'setuptools-rust>=1.9' wheel 'packaging>=24.2' jinja2
 if ! "$VENV/bin/python" -c 'import importlib.metadata as m; assert m.version("vllm")=="0.23.0"' 2>/dev/null; then
   # No cargo on PATH: vLLM's optional Rust frontend is skipped instead of fetching crates.
@@ -40,7 +40,7 @@ pip uninstall -y -q triton >/dev/null 2>&1 || true
 COMPILE_CUSTOM_KERNELS=0 SOC_VERSION=ascend910b1 \
   pip install -q --no-deps --no-build-isolation vllm-ascend==0.23.0.post1
 pip install -q transformers==5.5.4 scipy pandas numba msgpack quart decorator pybind11 \
-  torchvision==0.28.0 pytest pytest-mock pytest-timeout ruff
+  torchvision==0.25.0 pytest pytest-mock pytest-timeout ruff
 pip uninstall -y -q triton >/dev/null 2>&1 || true
 # compat mode: a plain path entry instead of an import finder (~8 ms less per process).
 pip install -q --no-build-isolation --no-deps --config-settings editable_mode=compat \
