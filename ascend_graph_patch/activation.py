@@ -87,6 +87,9 @@ def _install_group(group: str) -> None:
         state.warn_once(f"force:{group}", f"FORCED install ({group}) despite: {verdict.reason}")
     assert verdict.line is not None
     disabled = settings.disabled_aspects()
+    unknown = settings.unknown_aspects(a.name for a in ASPECTS)
+    if unknown:
+        state.warn_once("disable:unknown", unknown)
     mode = _enabled_mode or "on"
     done: list[str] = []
     try:
@@ -94,7 +97,9 @@ def _install_group(group: str) -> None:
             line=verdict.line, mode=mode, strict=settings.strict()
         )
         for aspect in ASPECTS:
-            if aspect.group != group or mode not in aspect.modes or aspect.name in disabled:
+            if aspect.group != group or mode not in aspect.modes:
+                continue
+            if settings.ALL_ASPECTS in disabled or aspect.name.lower() in disabled:
                 continue
             _wrap(aspect.name, sys.modules[aspect.module], aspect.target,
                   _load_wrapper(aspect.wrapper))  # fmt: skip
@@ -218,6 +223,13 @@ def enable(mode: str) -> None:
         if _enabled_mode is not None:
             return
         _enabled_mode = mode
+        from ascend_graph_patch import settings
+
+        directory = settings.status_dir()
+        if directory is not None:
+            from ascend_graph_patch import status_files
+
+            status_files.start(directory)
         if TRIGGER_PACKAGE in sys.modules:
             _register_hooks()
         elif not any(isinstance(f, _Trigger) for f in sys.meta_path):

@@ -166,11 +166,28 @@ class _StatusCommand:
             action="store_true",
             help="also run the compatibility checks (imports vllm-ascend; slow); exit 1 on failure",
         )
+        parser.add_argument(
+            "--from",
+            dest="from_dir",
+            metavar="DIR",
+            help="merge the per-process status files written to DIR by processes that ran with "
+            "ASCEND_GRAPH_PATCH_STATUS_DIR=DIR (engine core, tensor-parallel workers)",
+        )
 
     @staticmethod
     def run(args: argparse.Namespace) -> int:
         from ascend_graph_patch import status
 
+        if args.from_dir is not None:
+            from ascend_graph_patch import status_files
+
+            snaps = status_files.read_dir(args.from_dir)
+            if not snaps:
+                print(f"{PROG} status: no status files in {args.from_dir}", file=sys.stderr)
+                return 1
+            merged = status_files.merge(snaps)
+            print(json.dumps(merged, indent=2) if args.json else status.format_text(merged))
+            return 0
         snap = status.snapshot(check=args.check)
         if args.json:
             print(json.dumps(snap, indent=2, default=str))

@@ -26,6 +26,7 @@ ENV_STRICT = PREFIX + "_STRICT"
 ENV_FORCE = PREFIX + "_FORCE"
 ENV_DISABLE = PREFIX + "_DISABLE"
 ENV_DEBUG = PREFIX + "_DEBUG"
+ENV_STATUS_DIR = PREFIX + "_STATUS_DIR"
 
 OFF = "off"
 ON = "on"
@@ -107,6 +108,12 @@ def debug(environ: "Mapping[str, str] | None" = None) -> bool:
     return _flag(ENV_DEBUG, environ)
 
 
+def status_dir(environ: "Mapping[str, str] | None" = None) -> "str | None":
+    """``ASCEND_GRAPH_PATCH_STATUS_DIR``: where each process writes its status file, or None."""
+    value = _env(environ).get(ENV_STATUS_DIR, "").strip()
+    return value or None
+
+
 def disabled_aspects(environ: "Mapping[str, str] | None" = None) -> frozenset[str]:
     """Aspect names listed in ``ASCEND_GRAPH_PATCH_DISABLE`` (comma-separated, case-insensitive).
 
@@ -146,7 +153,7 @@ def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
         if problem:
             found.append(problem)
     # ASCEND_GRAPH_PATCH_SIM is the simulator's (torch-npu-sim) older name for TORCH_NPU_SIM.
-    known = {ENV_MODE, ENV_DISABLE, *FLAGS, PREFIX + "_SIM"}
+    known = {ENV_MODE, ENV_DISABLE, ENV_STATUS_DIR, *FLAGS, PREFIX + "_SIM"}
     for name in sorted(env):
         if name.startswith(PREFIX + "_") and name not in known:
             found.append(

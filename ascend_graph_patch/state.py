@@ -35,8 +35,18 @@ def reset() -> None:
     STATE.__dict__.update(fresh.__dict__)
 
 
+_listeners: list = []  # called after every count (status_files' throttled writer)
+
+
+def on_count(listener) -> None:  # noqa: ANN001 - a no-argument callable
+    """Call ``listener()`` after every counter update (it must be cheap and never raise)."""
+    _listeners.append(listener)
+
+
 def count(name: str, n: int = 1) -> None:
     STATE.counters[name] += n
+    for listener in _listeners:
+        listener()
 
 
 def mark_effective(aspect: str) -> None:

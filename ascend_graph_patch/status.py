@@ -110,6 +110,11 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
         for key, value in data.items():
             rows.extend(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return rows
+    if isinstance(data, list) and data and all(isinstance(v, dict) for v in data):
+        rows = []
+        for i, value in enumerate(data):
+            rows.extend(_flatten(value, f"{prefix}.{i}" if prefix else str(i)))
+        return rows
     if isinstance(data, (list, tuple, set, frozenset)):
         text = ", ".join(str(v) for v in data) if data else "-"
     elif data is None or data == {}:

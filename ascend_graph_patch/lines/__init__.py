@@ -6,6 +6,7 @@ adding one module here and listing it in `LINES`; the gate and the aspects read 
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 from ascend_graph_patch.lines.base import Check, Line
@@ -14,8 +15,9 @@ from ascend_graph_patch.lines.v0_23 import LINE as V0_23
 LINES: tuple[Line, ...] = (V0_23,)
 
 
+@functools.cache
 def installed_version(dist: str) -> str | None:
-    """The installed version of distribution ``dist``, or None."""
+    """The installed version of distribution ``dist``, or None (read once per process)."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

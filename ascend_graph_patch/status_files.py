@@ -1,0 +1,144 @@
+"""Per-process status files: how the overlay's counters leave the processes that did the work.
+
+vLLM runs the model runner in its engine-core process (the default) and, with tensor
+parallelism, in one worker process per rank: the counters that matter never live in the process
+that started the engine. With ``ASCEND_GRAPH_PATCH_STATUS_DIR=<dir>``, every process where the
+overlay is active writes its :func:`status.snapshot` to ``<dir>/status-<pid>.json`` (with its rank
+inside), atomically: at most once a second while it counts, and once more at exit. A reader
+(``ascend-graph-patch status --from <dir>``, the A/B report) merges them with :func:`merge`.
+
+The hot path pays one comparison per counter update; the file is written outside of it only
+when a second has passed. A fork starts the child's file afresh (its own pid, its own counters).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+#: Seconds between two writes of one process's file while it keeps counting.
+INTERVAL = 1.0
+_PREFIX = "status-"
+
+
+def rank() -> int | None:
+    """This process's distributed rank, if it has one (torch.distributed, else the launcher's)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-initialised process group: fall back to the environment
+        pass
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+class StatusWriter:
+    """Writes this process's snapshot into a directory: throttled, at exit, fork-aware."""
+
+    def __init__(self, directory: str | os.PathLike[str], interval: float = INTERVAL) -> None:
+        self.directory = Path(directory)
+        self.interval = interval
+        self.next_write = 0.0
+        self.failed: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{_PREFIX}{os.getpid()}.json"
+
+    def maybe_write(self) -> None:
+        """Called on every counter update: writes when ``interval`` has passed."""
+        now = time.monotonic()
+        if now >= self.next_write:
+            self.next_write = now + self.interval
+            self.write()
+
+    def write(self) -> None:
+        """Write the snapshot now; a failure is remembered (and warned once), never raised."""
+        from ascend_graph_patch import state, status
+
+        try:
+            snap = status.snapshot()
+            snap["rank"] = rank()
+            snap["argv"] = sys.argv[:3]
+            snap["written_at"] = time.time()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(snap, default=str))
+            os.replace(tmp, self.path)
+        except Exception as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            state.warn_once("status-dir", f"cannot write status file in {self.directory}: "
+                                          f"{self.failed}")
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts its own file with its own counters (the parent keeps its)."""
+        from ascend_graph_patch import state
+
+        state.STATE.counters.clear()
+        self.next_write = 0.0
+
+
+_WRITER: StatusWriter | None = None
+
+
+def start(directory: str) -> StatusWriter:
+    """Begin writing this process's status into ``directory`` (idempotent per process)."""
+    global _WRITER
+    from ascend_graph_patch import state
+
+    if _WRITER is None:
+        _WRITER = StatusWriter(directory)
+        writer = _WRITER
+        state.on_count(writer.maybe_write)
+        atexit.register(lambda: writer.write())
+        os.register_at_fork(after_in_child=writer.after_fork_in_child)
+    return _WRITER
+
+
+def read_dir(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every status file in ``directory`` (unreadable ones are skipped), ordered by rank, pid."""
+    snaps = []
+    for path in sorted(Path(directory).glob(f"{_PREFIX}*.json")):
+        try:
+            snaps.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(snaps, key=lambda s: (s.get("rank") is None, s.get("rank") or 0, s.get("pid")))
+
+
+def merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One view of several processes: totals, plus one row per process (pid, rank, figures)."""
+    counters: Counter[str] = Counter()
+    tasks: Counter[str] = Counter()
+    rows = []
+    for snap in snaps:
+        counters.update(snap.get("counters") or {})
+        tasks.update(snap.get("tasks_per_kind") or {})
+        rows.append({
+            "pid": snap.get("pid"),
+            "rank": snap.get("rank"),
+            "mode": snap.get("mode"),
+            "gate": {g: v.get("verdict") for g, v in (snap.get("gate") or {}).items()},
+            "graphs_owned": snap.get("graphs_owned", 0),
+            "graphs_refused": len(snap.get("graphs_refused") or {}),
+            "tasks_per_kind": snap.get("tasks_per_kind") or {},
+            "counters": snap.get("counters") or {},
+        })
+    return {
+        "processes": len(snaps),
+        "graphs_owned": sum(r["graphs_owned"] for r in rows),
+        "graphs_refused": sum(r["graphs_refused"] for r in rows),
+        "tasks_per_kind": dict(sorted(tasks.items())),
+        "counters": dict(sorted(counters.items())),
+        "per_process": rows,
+    }
