@@ -9,10 +9,12 @@ stack:
 
 test: stack
 	$(PY) -m ruff check ascend_graph_patch simulator tests conftest.py
+	$(PY) -m ruff format --check ascend_graph_patch simulator tests conftest.py
 	$(PY) -m pytest -q
 
 lint: stack
 	$(PY) -m ruff check ascend_graph_patch simulator tests conftest.py
+	$(PY) -m ruff format --check ascend_graph_patch simulator tests conftest.py
 
 ab: stack
 	$(VENV)/bin/ascend-graph-patch ab --out ab-report

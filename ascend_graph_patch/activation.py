@@ -101,8 +101,12 @@ def _install_group(group: str) -> None:
                 continue
             if settings.ALL_ASPECTS in disabled or aspect.name.lower() in disabled:
                 continue
-            _wrap(aspect.name, sys.modules[aspect.module], aspect.target,
-                  _load_wrapper(aspect.wrapper))  # fmt: skip
+            _wrap(
+                aspect.name,
+                sys.modules[aspect.module],
+                aspect.target,
+                _load_wrapper(aspect.wrapper),
+            )
             done.append(aspect.name)
     except Exception as exc:
         _unwrap(done)
@@ -121,8 +125,12 @@ def _install_verify() -> None:
     done: list[str] = []
     try:
         for name, module, target, wrapper in VERIFY_INTERCEPTORS:
-            _wrap(name, sys.modules[module], target,
-                  _load_wrapper(f"ascend_graph_patch.aspects.verify:{wrapper}"))  # fmt: skip
+            _wrap(
+                name,
+                sys.modules[module],
+                target,
+                _load_wrapper(f"ascend_graph_patch.aspects.verify:{wrapper}"),
+            )
             done.append(name)
     except Exception as exc:
         _unwrap(done)
@@ -255,4 +263,3 @@ def disable() -> None:
 
 def installed() -> list[str]:
     return list(_originals)
-

@@ -156,7 +156,5 @@ def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
     known = {ENV_MODE, ENV_DISABLE, ENV_STATUS_DIR, *FLAGS, PREFIX + "_SIM"}
     for name in sorted(env):
         if name.startswith(PREFIX + "_") and name not in known:
-            found.append(
-                f"unknown variable {name} (ignored); known: {', '.join(sorted(known))}"
-            )
+            found.append(f"unknown variable {name} (ignored); known: {', '.join(sorted(known))}")
     return found

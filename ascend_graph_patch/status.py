@@ -18,7 +18,13 @@ from ascend_graph_patch.lines import installed_version
 
 #: Distributions whose versions ``status`` reports.
 DISTS = (
-    "torch", "torch-npu", "torch-npu-sim", "vllm", "vllm-ascend", "wrapt", "ascend-graph-patch",
+    "torch",
+    "torch-npu",
+    "torch-npu-sim",
+    "vllm",
+    "vllm-ascend",
+    "wrapt",
+    "ascend-graph-patch",
 )
 #: The files the loader installs into site-packages.
 LOADER_FILES = ("ascend_graph_patch.pth", "ascend_graph_patch.start")
@@ -51,8 +57,11 @@ def _check_now() -> None:
     mode = settings.mode()
     activation.enable(mode if mode != settings.OFF else settings.OBSERVE)
     # vllm_ascend.ops first: importing attention_v1 first hits a circular import.
-    for name in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
-                 "vllm_ascend.compilation.acl_graph"):  # fmt: skip
+    for name in (
+        "vllm_ascend.ops",
+        "vllm_ascend.attention.attention_v1",
+        "vllm_ascend.compilation.acl_graph",
+    ):
         importlib.import_module(name)
 
 

@@ -77,8 +77,9 @@ class StatusWriter:
             os.replace(tmp, self.path)
         except Exception as exc:
             self.failed = f"{type(exc).__name__}: {exc}"
-            state.warn_once("status-dir", f"cannot write status file in {self.directory}: "
-                                          f"{self.failed}")
+            state.warn_once(
+                "status-dir", f"cannot write status file in {self.directory}: {self.failed}"
+            )
 
     def after_fork_in_child(self) -> None:
         """A forked child starts its own file with its own counters (the parent keeps its)."""
@@ -124,16 +125,18 @@ def merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
     for snap in snaps:
         counters.update(snap.get("counters") or {})
         tasks.update(snap.get("tasks_per_kind") or {})
-        rows.append({
-            "pid": snap.get("pid"),
-            "rank": snap.get("rank"),
-            "mode": snap.get("mode"),
-            "gate": {g: v.get("verdict") for g, v in (snap.get("gate") or {}).items()},
-            "graphs_owned": snap.get("graphs_owned", 0),
-            "graphs_refused": len(snap.get("graphs_refused") or {}),
-            "tasks_per_kind": snap.get("tasks_per_kind") or {},
-            "counters": snap.get("counters") or {},
-        })
+        rows.append(
+            {
+                "pid": snap.get("pid"),
+                "rank": snap.get("rank"),
+                "mode": snap.get("mode"),
+                "gate": {g: v.get("verdict") for g, v in (snap.get("gate") or {}).items()},
+                "graphs_owned": snap.get("graphs_owned", 0),
+                "graphs_refused": len(snap.get("graphs_refused") or {}),
+                "tasks_per_kind": snap.get("tasks_per_kind") or {},
+                "counters": snap.get("counters") or {},
+            }
+        )
     return {
         "processes": len(snaps),
         "graphs_owned": sum(r["graphs_owned"] for r in rows),

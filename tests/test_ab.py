@@ -70,9 +70,17 @@ def fake_cfg(tmp_path: Path, fake_worker: Path):
         import sys
 
         env = kw.pop("env", {})
-        cfg = ABConfig(out=tmp_path / "out", cases=["alpha", "beta"], steps=6, seed=11,
-                       progress=False, timeout=30, worker_cmd=[sys.executable, str(fake_worker)],
-                       extra_env=env, warmup=1)
+        cfg = ABConfig(
+            out=tmp_path / "out",
+            cases=["alpha", "beta"],
+            steps=6,
+            seed=11,
+            progress=False,
+            timeout=30,
+            worker_cmd=[sys.executable, str(fake_worker)],
+            extra_env=env,
+            warmup=1,
+        )
         for key, value in kw.items():
             setattr(cfg, key, value)
         return cfg
@@ -91,7 +99,8 @@ def _run(cfg: ABConfig) -> tuple[list[orchestrate.ArmRun], compare.Summary]:
 def test_schedule_is_abba_repeated_then_verify():
     assert orchestrate.schedule(1, False) == ["stock", "patched", "patched", "stock"]
     assert orchestrate.schedule(2, True) == ["stock", "patched", "patched", "stock"] * 2 + [
-        "verify"]
+        "verify"
+    ]
     with pytest.raises(ValueError):
         orchestrate.schedule(0, False)
 
@@ -99,12 +108,18 @@ def test_schedule_is_abba_repeated_then_verify():
 def test_arm_env_differs_only_in_toggle_and_cache(tmp_path: Path):
     cfg = ABConfig(out=tmp_path, cases=["x"], seed=5)
     runs = orchestrate.plan_runs(cfg)
-    base = {"PATH": "/bin", "ASCEND_GRAPH_PATCH": "verify", "ASCEND_GRAPH_PATCH_STRICT": "1",
-            "ASCEND_GRAPH_PATCH_DISABLE": "*", "VLLM_CACHE_ROOT": "/shared"}
+    base = {
+        "PATH": "/bin",
+        "ASCEND_GRAPH_PATCH": "verify",
+        "ASCEND_GRAPH_PATCH_STRICT": "1",
+        "ASCEND_GRAPH_PATCH_DISABLE": "*",
+        "VLLM_CACHE_ROOT": "/shared",
+    }
     envs = [orchestrate.arm_env(base, cfg, r) for r in runs]
     assert [e["ASCEND_GRAPH_PATCH"] for e in envs] == ["off", "on", "on", "off"]
-    assert all("ASCEND_GRAPH_PATCH_STRICT" not in e and "ASCEND_GRAPH_PATCH_DISABLE" not in e
-               for e in envs)
+    assert all(
+        "ASCEND_GRAPH_PATCH_STRICT" not in e and "ASCEND_GRAPH_PATCH_DISABLE" not in e for e in envs
+    )
     assert {e["PYTHONHASHSEED"] for e in envs} == {"5"}
     caches = [e["VLLM_CACHE_ROOT"] for e in envs]
     assert caches[0] == caches[3] != caches[1] == caches[2]
@@ -144,9 +159,10 @@ def test_pass_run_order_caches_seed_and_reports(fake_cfg):
     assert "alpha" in table and "VERDICT: PASS" in table
 
 
-@pytest.mark.parametrize("knob,verdict", [("FAKE_DIFF", compare.DIFF),
-                                          ("FAKE_LOGITS", compare.DIFF),
-                                          ("FAKE_CRASH", compare.CRASH)])
+@pytest.mark.parametrize(
+    "knob,verdict",
+    [("FAKE_DIFF", compare.DIFF), ("FAKE_LOGITS", compare.DIFF), ("FAKE_CRASH", compare.CRASH)],
+)
 def test_difference_or_crash_is_never_a_pass(fake_cfg, knob, verdict):
     runs, summary = _run(fake_cfg(env={knob: "patched"}))
     assert summary.verdict == verdict
@@ -158,8 +174,9 @@ def test_difference_or_crash_is_never_a_pass(fake_cfg, knob, verdict):
 
 
 def test_timeout_is_a_crash(fake_cfg):
-    runs, summary = _run(fake_cfg(env={"FAKE_SLEEP": "patched"}, timeout=2,
-                                  order=["stock", "patched"]))
+    runs, summary = _run(
+        fake_cfg(env={"FAKE_SLEEP": "patched"}, timeout=2, order=["stock", "patched"])
+    )
     assert runs[1].status == "timeout"
     assert summary.verdict == compare.CRASH and summary.exit_code == 3
 
@@ -188,8 +205,16 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_command_exit_codes(fake_worker: Path, tmp_path: Path, monkeypatch, capsys):
-    base = ("--worker", str(fake_worker), "--scenarios", "alpha", "--steps", "3",
-            "--no-progress", "--out")
+    base = (
+        "--worker",
+        str(fake_worker),
+        "--scenarios",
+        "alpha",
+        "--steps",
+        "3",
+        "--no-progress",
+        "--out",
+    )
     assert command.run(_args(*base, str(tmp_path / "a"))) == 0
     out = capsys.readouterr().out
     assert "VERDICT: PASS" in out and (tmp_path / "a" / "report.json").is_file()
@@ -211,8 +236,9 @@ def test_usage_errors(tmp_path: Path, capsys):
 def test_prompts_file_and_engine_args(tmp_path: Path):
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "Hello"}\n"World"\n\n')
-    cfg = command.build_config(_args("--model", "org/m", "--prompts", str(p), "--",
-                                     "--max-model-len", "1024"))
+    cfg = command.build_config(
+        _args("--model", "org/m", "--prompts", str(p), "--", "--max-model-len", "1024")
+    )
     assert cfg.workload == "vllm" and cfg.prompts == ["Hello", "World"]
     assert cfg.engine_args == ["--max-model-len", "1024"]
     assert cfg.cases == ["vllm:org/m"]
@@ -232,17 +258,36 @@ def test_vllm_worker_real_api_engine_mocked(mocker, tmp_path: Path):
 
     def fake_generate(self, prompts, sampling_params=None, **kwargs):
         assert isinstance(sampling_params, vllm.SamplingParams)
-        return [RequestOutput(request_id=str(i), prompt=p, prompt_token_ids=[1, 2],
-                              prompt_logprobs=None, finished=True,
-                              outputs=[CompletionOutput(index=0, text=f"out{i}",
-                                                        token_ids=[i, i + 1],
-                                                        cumulative_logprob=-0.5,
-                                                        logprobs=None, finish_reason="length")])
-                for i, p in enumerate(prompts)]
+        return [
+            RequestOutput(
+                request_id=str(i),
+                prompt=p,
+                prompt_token_ids=[1, 2],
+                prompt_logprobs=None,
+                finished=True,
+                outputs=[
+                    CompletionOutput(
+                        index=0,
+                        text=f"out{i}",
+                        token_ids=[i, i + 1],
+                        cumulative_logprob=-0.5,
+                        logprobs=None,
+                        finish_reason="length",
+                    )
+                ],
+            )
+            for i, p in enumerate(prompts)
+        ]
 
     gen = mocker.patch.object(vllm.LLM, "generate", autospec=True, side_effect=fake_generate)
-    spec = {"model": "org/tiny", "seed": 3, "max_tokens": 7, "prompts": ["a", "b"],
-            "engine_args": ["--max-model-len", "2048", "--enforce-eager"], "cases": ["vllm:x"]}
+    spec = {
+        "model": "org/tiny",
+        "seed": 3,
+        "max_tokens": 7,
+        "prompts": ["a", "b"],
+        "engine_args": ["--max-model-len", "2048", "--enforce-eager"],
+        "cases": ["vllm:x"],
+    }
     body = worker_vllm.run(spec, Progress(None, 2), tmp_path)
 
     _, kwargs = init.call_args
@@ -262,8 +307,9 @@ def test_vllm_worker_records_engine_error(mocker, tmp_path: Path):
     from ascend_graph_patch.ab.protocol import Progress
 
     mocker.patch.object(vllm.LLM, "__init__", side_effect=RuntimeError("no NPU"))
-    body = worker_vllm.run({"model": "m", "seed": 0, "cases": ["vllm:m"]}, Progress(None, 8),
-                           tmp_path)
+    body = worker_vllm.run(
+        {"model": "m", "seed": 0, "cases": ["vllm:m"]}, Progress(None, 8), tmp_path
+    )
     assert body["cases"][0]["status"] == "error"
     assert "RuntimeError: no NPU" in body["cases"][0]["error"]
 
@@ -272,8 +318,16 @@ def test_vllm_worker_records_engine_error(mocker, tmp_path: Path):
 
 
 def test_real_sim_ab_end_to_end(tmp_path: Path):
-    cfg = ABConfig(out=tmp_path / "real", cases=["dense_gqa"], steps=3, seed=0, progress=False,
-                   timeout=240, warmup=0, order=["stock", "patched"])
+    cfg = ABConfig(
+        out=tmp_path / "real",
+        cases=["dense_gqa"],
+        steps=3,
+        seed=0,
+        progress=False,
+        timeout=240,
+        warmup=0,
+        order=["stock", "patched"],
+    )
     runs, summary = _run(cfg)
     assert [r.status for r in runs] == ["ok", "ok"], [r.error for r in runs]
     case = summary.cases[0]

@@ -29,9 +29,24 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_quick_bench_prints_ratios_and_writes_json(tmp_path: Path, capfd):
     out = tmp_path / "bench.json"
-    rc = command.run(_args("--quick", "--layers", "1,4", "--batches", "1,4", "--rounds", "2",
-                           "--inner", "2", "--no-startup", "--no-capture", "--no-progress",
-                           "--json", str(out)))
+    rc = command.run(
+        _args(
+            "--quick",
+            "--layers",
+            "1,4",
+            "--batches",
+            "1,4",
+            "--rounds",
+            "2",
+            "--inner",
+            "2",
+            "--no-startup",
+            "--no-capture",
+            "--no-progress",
+            "--json",
+            str(out),
+        )
+    )
     text = capfd.readouterr().out
     assert rc == 0, text
     assert "overlay/stock" in text and "overlay/floor" in text

@@ -33,8 +33,11 @@ def fake_snapshot(clean_env: pytest.MonkeyPatch) -> list[bool]:
     def snapshot(check: bool) -> dict:
         calls.append(check)
         verdict = "refused" if check else "supported"
-        return {"mode": "observe", "gate": {"v1": {"verdict": verdict, "reason": "seams"}},
-                "aspects": [1, 2]}
+        return {
+            "mode": "observe",
+            "gate": {"v1": {"verdict": verdict, "reason": "seams"}},
+            "aspects": [1, 2],
+        }
 
     clean_env.setattr(status, "snapshot", snapshot)
     return calls
@@ -54,8 +57,16 @@ def test_status_text_is_aligned_key_value(clean_env, capsys: pytest.CaptureFixtu
     lines = capsys.readouterr().out.splitlines()
     rows = dict(line.split(": ", 1) for line in lines)
     assert rows["mode"].strip() == "off"
-    for key in ("strict", "force", "simulator", "versions.vllm", "versions.torch-npu-sim",
-                "versions.vllm-ascend", "versions.torch", "versions.ascend-graph-patch"):
+    for key in (
+        "strict",
+        "force",
+        "simulator",
+        "versions.vllm",
+        "versions.torch-npu-sim",
+        "versions.vllm-ascend",
+        "versions.torch",
+        "versions.ascend-graph-patch",
+    ):
         assert key in rows, key
     assert rows["versions.ascend-graph-patch"].strip() == ascend_graph_patch.__version__
     value_columns = {len(line) - len(line.split(": ", 1)[1].lstrip()) for line in lines}
@@ -132,6 +143,7 @@ def test_broken_module_is_an_error_not_a_skip(monkeypatch, tmp_path: Path, capsy
 
 def test_commands_load_lazily(monkeypatch, clean_env) -> None:
     """Running ``status`` must not import the other subcommands' modules."""
+
     def explode(args) -> int:
         raise AssertionError("not me")
 
@@ -192,7 +204,8 @@ def test_keyboard_interrupt(monkeypatch, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_console_script_installed(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("ascend-graph-patch")
-    proc = subprocess.run([str(script), "status", "--json"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [str(script), "status", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "mode" in json.loads(proc.stdout)

@@ -87,9 +87,15 @@ def test_apply_runs_the_protocol_once_per_task_in_capture_order(runtime):
     graph.apply(resolved, "upd", runtime)
     assert runtime.calls == [
         ("stream", "upd"),
-        ("begin", "h-layers.0-0"), ("op", "layers.0", 0), ("end",), ("record", "e-layers.0-0"),
-        ("begin", "h-layers.1-0"), ("op", "layers.1", 0), ("end",), ("record", "e-layers.1-0"),
-    ]  # fmt: skip
+        ("begin", "h-layers.0-0"),
+        ("op", "layers.0", 0),
+        ("end",),
+        ("record", "e-layers.0-0"),
+        ("begin", "h-layers.1-0"),
+        ("op", "layers.1", 0),
+        ("end",),
+        ("record", "e-layers.1-0"),
+    ]
     assert l0[0]["actual_seq_lengths_kv"] == [9] and l1[0]["actual_seq_lengths_kv"] == [7]
     assert l0[0]["workspace"] == "ws" and l0[0]["query"] == "q"
 
@@ -219,11 +225,21 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
 
     query = torch.zeros(4, 2, 8)
     cache_t = torch.zeros(3, 16, 1, 8)
-    template = {"query": query, "key_cache": cache_t, "value_cache": cache_t, "num_kv_heads": 1,
-                "num_heads": 2, "scale_value": 1.0, "block_table": None, "context_lens": None,
-                "out": query, "workspace": None}  # fmt: skip
-    provider = PAProvider(workspace_for=get_workspace,
-                          shape_signature=PAProvider.signature_of(template))  # fmt: skip
+    template = {
+        "query": query,
+        "key_cache": cache_t,
+        "value_cache": cache_t,
+        "num_kv_heads": 1,
+        "num_heads": 2,
+        "scale_value": 1.0,
+        "block_table": None,
+        "context_lens": None,
+        "out": query,
+        "workspace": None,
+    }
+    provider = PAProvider(
+        workspace_for=get_workspace, shape_signature=PAProvider.signature_of(template)
+    )
     md = metadata([4], [5, 6, 7, 8])
     cache: dict = {}
     a = bound(provider, md, dict(template), cache)

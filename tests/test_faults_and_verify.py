@@ -80,8 +80,10 @@ def test_failed_launch_records_all_events_so_nothing_hangs(engine_factory, mocke
         def boom(**kw):
             raise RuntimeError("launch failed")
 
-        resolved[1] = (type(task)(**{**{f: getattr(task, f) for f in task.__slots__}, "op": boom}),
-                       kwargs)  # fmt: skip
+        resolved[1] = (
+            type(task)(**{**{f: getattr(task, f) for f in task.__slots__}, "op": boom}),
+            kwargs,
+        )
         return original(self, resolved, update_stream, runtime)
 
     mocker.patch.object(OwnedGraph, "apply", sabotage)

@@ -85,10 +85,23 @@ def fresh(env: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (None, "off"), ("", "off"), ("   ", "off"), ("0", "off"), ("off", "off"), ("OFF", "off"),
-        ("false", "off"), (" False ", "off"), ("1", "on"), ("on", "on"), ("On", "on"),
-        ("true", "on"), ("TRUE\n", "on"), ("observe", "observe"), (" Observe ", "observe"),
-        ("verify", "verify"), ("VERIFY", "verify"),
+        (None, "off"),
+        ("", "off"),
+        ("   ", "off"),
+        ("0", "off"),
+        ("off", "off"),
+        ("OFF", "off"),
+        ("false", "off"),
+        (" False ", "off"),
+        ("1", "on"),
+        ("on", "on"),
+        ("On", "on"),
+        ("true", "on"),
+        ("TRUE\n", "on"),
+        ("observe", "observe"),
+        (" Observe ", "observe"),
+        ("verify", "verify"),
+        ("VERIFY", "verify"),
     ],
 )
 def test_parse_accepted(raw: str | None, expected: str) -> None:
@@ -113,12 +126,24 @@ def test_mode_reads_the_environment(env: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("reader", [settings.strict, settings.force, settings.debug])
-@pytest.mark.parametrize(("raw", "expected"),
-                         [(None, False), ("", False), ("0", False), ("no", False),
-                          ("1", True), ("on", True), (" TRUE ", True)])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("no", False),
+        ("1", True),
+        ("on", True),
+        (" TRUE ", True),
+    ],
+)
 def test_boolean_flags(reader, raw: str | None, expected: bool) -> None:
-    name = {settings.strict: settings.ENV_STRICT, settings.force: settings.ENV_FORCE,
-            settings.debug: settings.ENV_DEBUG}[reader]
+    name = {
+        settings.strict: settings.ENV_STRICT,
+        settings.force: settings.ENV_FORCE,
+        settings.debug: settings.ENV_DEBUG,
+    }[reader]
     environ = {} if raw is None else {name: raw}
     assert reader(environ) is expected
 
@@ -134,9 +159,14 @@ def test_invalid_flag_is_a_problem_naming_the_accepted_values(name: str, raw: st
 
 
 def test_valid_settings_have_no_problems() -> None:
-    environ = {settings.ENV_MODE: "verify", settings.ENV_STRICT: "1", settings.ENV_FORCE: "off",
-               settings.ENV_DEBUG: "", settings.ENV_DISABLE: "replay.update",
-               "ASCEND_GRAPH_PATCH_SIM": "1"}
+    environ = {
+        settings.ENV_MODE: "verify",
+        settings.ENV_STRICT: "1",
+        settings.ENV_FORCE: "off",
+        settings.ENV_DEBUG: "",
+        settings.ENV_DISABLE: "replay.update",
+        "ASCEND_GRAPH_PATCH_SIM": "1",
+    }
     assert settings.problems(environ) == []
 
 
@@ -180,10 +210,12 @@ def test_off_does_not_enable(fresh: list[str], capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("1", "on"), ("observe", "observe"),
-                                               ("Verify", "verify")])
-def test_enabled_mode_calls_enable(fresh: list[str], env: pytest.MonkeyPatch, raw: str,
-                                   expected: str) -> None:
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("1", "on"), ("observe", "observe"), ("Verify", "verify")]
+)
+def test_enabled_mode_calls_enable(
+    fresh: list[str], env: pytest.MonkeyPatch, raw: str, expected: str
+) -> None:
     env.setenv("ASCEND_GRAPH_PATCH", raw)
     _bootstrap.bootstrap()
     assert (fresh, _bootstrap.MODE) == ([expected], expected)
@@ -256,8 +288,11 @@ def test_entry_point_resolves_to_bootstrap() -> None:
 
 def test_start_file_resolves_to_bootstrap() -> None:
     """PEP 829 ``.start``: ``module:callable`` lines, called without arguments."""
-    lines = [ln.strip() for ln in (REPO / "loader" / "ascend_graph_patch.start").read_text()
-             .splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [
+        ln.strip()
+        for ln in (REPO / "loader" / "ascend_graph_patch.start").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     assert len(lines) == 1
     ep = metadata.EntryPoint(name="start", value=lines[0], group="site.start")
     assert ep.load() is _bootstrap.bootstrap
@@ -309,7 +344,10 @@ def test_pth_line_survives_missing_package(tmp_path: Path, raw: str, expect_warn
     assert len(line.splitlines()) == 1 and line.startswith("import ")
     proc = subprocess.run(
         [sys.executable, "-S", "-c", "import sys; exec(sys.argv[1]); print('alive')", line],
-        env=clean_env(ASCEND_GRAPH_PATCH=raw), cwd=tmp_path, capture_output=True, text=True,
+        env=clean_env(ASCEND_GRAPH_PATCH=raw),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "alive"
@@ -340,8 +378,12 @@ def test_spawn_child_runs_bootstrap(tmp_path: Path) -> None:
     script.write_text(SPAWN_SCRIPT)
     out = tmp_path / "child.json"
     proc = subprocess.run(
-        [sys.executable, str(script), str(out)], env=clean_env(ASCEND_GRAPH_PATCH="observe"),
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, str(script), str(out)],
+        env=clean_env(ASCEND_GRAPH_PATCH="observe"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == {"mode": "observe", "bootstrapped": True}

@@ -40,8 +40,11 @@ def overlay() -> Iterator[Callable[[str], None]]:
 
     from ascend_graph_patch import activation
 
-    for name in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
-                 "vllm_ascend.compilation.acl_graph"):  # fmt: skip
+    for name in (
+        "vllm_ascend.ops",
+        "vllm_ascend.attention.attention_v1",
+        "vllm_ascend.compilation.acl_graph",
+    ):
         importlib.import_module(name)
 
     def on(mode: str) -> None:
@@ -97,8 +100,16 @@ def assert_bitwise(a: Arm, b: Arm) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["mtp_k1", "mtp_k2", "mtp_k3", "mtp_k4", "mtp_2layers_k3", "eagle_2layers_k2",
-     "mtp_two_kv_groups_ordered", "mtp_enpu_k3"],
+    [
+        "mtp_k1",
+        "mtp_k2",
+        "mtp_k3",
+        "mtp_k4",
+        "mtp_2layers_k3",
+        "eagle_2layers_k2",
+        "mtp_two_kv_groups_ordered",
+        "mtp_enpu_k3",
+    ],
 )
 def test_overlay_equals_stock_equals_eager(name: str, overlay: Callable[[str], None]) -> None:
     sc = DRAFT_SCENARIOS[name]
@@ -240,8 +251,9 @@ def test_update_waiting_on_its_own_replay_is_a_deadlock(
         with set_current_vllm_config(engine.vllm_config):
             engine._load(batch, padded)
             per_step = engine._draft_metadata(batch, padded, True, False)
-            with engine._draft_context(per_step, padded, engine._full,
-                                       engine._batch_descriptor(padded)):
+            with engine._draft_context(
+                per_step, padded, engine._full, engine._batch_descriptor(padded)
+            ):
                 fc = get_forward_context()
                 engine._call(padded, per_step)  # replay: blocked at the first event
                 engine.update_stream.wait_stream(torch.npu.current_stream())

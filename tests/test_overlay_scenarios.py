@@ -78,10 +78,12 @@ def test_observe_keeps_stock_failure(engine_factory) -> None:
 
 
 def test_update_then_replay_order_keeps_equality(engine_factory) -> None:
-    stock = run_arm(engine_factory, "dense_gqa", "off", steps=50, eager=True,
-                    update_order="update_then_replay")  # fmt: skip
-    on = run_arm(engine_factory, "dense_gqa", "on", steps=50, eager=True,
-                 update_order="update_then_replay")  # fmt: skip
+    stock = run_arm(
+        engine_factory, "dense_gqa", "off", steps=50, eager=True, update_order="update_then_replay"
+    )
+    on = run_arm(
+        engine_factory, "dense_gqa", "on", steps=50, eager=True, update_order="update_then_replay"
+    )
     assert stock.error is None and on.error is None
     assert bitwise_equal(on.outputs, stock.outputs)
     assert on.max_eager_error() <= EAGER_TOL

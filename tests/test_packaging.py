@@ -42,9 +42,22 @@ def build_wheel(tmp_path_factory: pytest.TempPathFactory, root: Path, package: s
         shutil.copytree(root / name, src / name, ignore=ignore)
     out = tmp_path_factory.mktemp("wheelhouse")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(src)],
-        capture_output=True, text=True, timeout=180, env=clean_env(PIP_NO_INPUT="1"),
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=clean_env(PIP_NO_INPUT="1"),
     )
     assert proc.returncode == 0, proc.stderr
     (whl,) = out.glob(f"{package}-*.whl")
@@ -102,30 +115,54 @@ def test_entry_points_in_metadata(wheel: Path) -> None:
 def test_installed_wheel_runs_the_loader(wheel: Path, tmp_path: Path) -> None:
     """Install into a bare venv; the .pth must run at start-up and leave with ``pip uninstall``."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     py = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(py)]
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   timeout=120, capture_output=True, env=clean_env())
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig;print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True)
-                .stdout.strip())
+    subprocess.run(
+        [*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        env=clean_env(),
+    )
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for name in LOADER:
         assert (site / name).is_file()
 
-    probe = ("import json, sys; b = sys.modules.get('ascend_graph_patch._bootstrap'); "
-             "print(json.dumps([getattr(b, 'MODE', None), getattr(b, '__file__', '')]))")
+    probe = (
+        "import json, sys; b = sys.modules.get('ascend_graph_patch._bootstrap'); "
+        "print(json.dumps([getattr(b, 'MODE', None), getattr(b, '__file__', '')]))"
+    )
     # An invalid value makes the bootstrap speak, which proves the wheel's .pth ran it.
-    proc = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                          env=clean_env(ASCEND_GRAPH_PATCH="bogus"), timeout=60)
+    proc = subprocess.run(
+        [str(py), "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(ASCEND_GRAPH_PATCH="bogus"),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     mode, path = json.loads(proc.stdout)
     assert mode == "off" and Path(path).is_relative_to(site)
     assert proc.stderr.count("ascend-graph-patch: ") == 1
 
-    subprocess.run([*pip, "uninstall", "-y", "-q", "ascend-graph-patch"], check=True, timeout=120,
-                   capture_output=True, env=clean_env())
+    subprocess.run(
+        [*pip, "uninstall", "-y", "-q", "ascend-graph-patch"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        env=clean_env(),
+    )
     for name in LOADER:
         assert not (site / name).exists()
 
@@ -176,19 +213,25 @@ def test_overlay_imports_nothing_from_the_simulator() -> None:
 def test_the_import_scan_can_fail(tmp_path: Path) -> None:
     """Negative control for the scan above: each way of importing is seen."""
     probe = tmp_path / "probe.py"
-    probe.write_text("import torch_npu_sim.runtime\nfrom torch_npu_sim import harness\n"
-                     "import importlib\nimportlib.import_module('torch_npu_sim.ops')\n")
+    probe.write_text(
+        "import torch_npu_sim.runtime\nfrom torch_npu_sim import harness\n"
+        "import importlib\nimportlib.import_module('torch_npu_sim.ops')\n"
+    )
     assert {m.split(".")[0] for m in _imported_modules(probe)} >= {SIM_PACKAGE}
-    assert _imported_modules(probe) >= {"torch_npu_sim.runtime", "torch_npu_sim",
-                                         "torch_npu_sim.ops"}
+    assert _imported_modules(probe) >= {
+        "torch_npu_sim.runtime",
+        "torch_npu_sim",
+        "torch_npu_sim.ops",
+    }
 
 
 def test_simulator_wheel_ships_its_loader_and_entry_points(sim_wheel: Path) -> None:
     with zipfile.ZipFile(sim_wheel) as zf:
         names = set(zf.namelist())
-        assert zf.read("torch_npu_sim.pth").decode() == (
-            REPO / "simulator" / "loader" / "torch_npu_sim.pth"
-        ).read_text()
+        assert (
+            zf.read("torch_npu_sim.pth").decode()
+            == (REPO / "simulator" / "loader" / "torch_npu_sim.pth").read_text()
+        )
     assert "torch_npu_sim/runtime.py" in names
     assert not [n for n in names if n.startswith("ascend_graph_patch/")]
     text = dist_info_file(sim_wheel, "entry_points.txt")

@@ -51,8 +51,13 @@ print(json.dumps({
 def probe(env_mode: str, order: str, enable: str = "-") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
     env.update(ASCEND_GRAPH_PATCH=env_mode, TORCH_NPU_SIM="1", VLLM_PLUGINS="ascend")
-    proc = subprocess.run([sys.executable, "-c", PROBE, order, enable], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, order, enable],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -86,15 +91,21 @@ def test_unpatch_restores_the_original_attributes() -> None:
     attn = importlib.import_module("vllm_ascend.attention.attention_v1")
     acl = importlib.import_module("vllm_ascend.compilation.acl_graph")
     impl = attn.AscendAttentionBackendImpl
-    before = (impl.__dict__["update_graph_params"], impl.__dict__["forward"],
-              acl.ACLGraphWrapper.__dict__["__call__"])  # fmt: skip
+    before = (
+        impl.__dict__["update_graph_params"],
+        impl.__dict__["forward"],
+        acl.ACLGraphWrapper.__dict__["__call__"],
+    )
     activation.enable("verify")
     try:
         assert impl.__dict__["update_graph_params"] is not before[0]
         assert "verify.fia" in activation.installed()
     finally:
         activation.disable()
-    after = (impl.__dict__["update_graph_params"], impl.__dict__["forward"],
-             acl.ACLGraphWrapper.__dict__["__call__"])  # fmt: skip
+    after = (
+        impl.__dict__["update_graph_params"],
+        impl.__dict__["forward"],
+        acl.ACLGraphWrapper.__dict__["__call__"],
+    )
     assert all(a is b for a, b in zip(before, after, strict=True))
     assert activation.installed() == []

@@ -26,7 +26,12 @@ STEPS = 40
 STALE = 1e-3  # a run without the update must differ from eager by more than this
 
 CORRECT = [
-    "dense_gqa", "sliding_window", "sinks", "paged_attention", "dense_full", "gemma4_fia",
+    "dense_gqa",
+    "sliding_window",
+    "sinks",
+    "paged_attention",
+    "dense_full",
+    "gemma4_fia",
     "hybrid_linear_grouped",
 ]
 
@@ -76,8 +81,9 @@ def test_replay_matches_eager(engine_factory, rng, name):
 
 def test_metadata_is_padded_like_the_runner(engine_factory, rng):
     engine = engine_factory("dense_gqa")
-    batch = next(b for b in iter(lambda: engine.random_batch(rng), None)
-                 if b.num_reqs < b.num_tokens_padded)
+    batch = next(
+        b for b in iter(lambda: engine.random_batch(rng), None) if b.num_reqs < b.num_tokens_padded
+    )
     engine.run_graph(batch)
     md = engine.last_metadata[engine.scenario.layers[0].name]
     n, padded = batch.num_reqs, batch.num_tokens_padded

@@ -69,6 +69,7 @@ def test_cpu_shims_are_registered() -> None:
     _register_atb_extensions()
     dynamic_profile.step()
     import torchvision.transforms  # noqa: F401  (the nms/qnms workaround)
+
     t = torch.arange(3)
     assert t.pin_memory() is t  # metadata builders pin host buffers; CPU torch cannot
 
@@ -116,11 +117,13 @@ _PROBE = textwrap.dedent(
 def _run_probe(env_extra: dict[str, str]) -> tuple[list[str], str]:
     env = dict(os.environ)
     env.update(env_extra)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (env_extra.get("PYTHONPATH"), str(REPO)) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env_extra.get("PYTHONPATH"), str(REPO)) if p)
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=str(REPO),
     )
     assert proc.returncode == 0, proc.stderr
@@ -156,23 +159,33 @@ _FINDERS = "import sys; print(any(type(f).__name__ == 'SimTorchNpuFinder' for f 
 
 
 def _start(tmp_path: Path, **env: str) -> tuple[str, str]:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("TORCH_NPU_SIM", "ASCEND_GRAPH_PATCH_SIM")}
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("TORCH_NPU_SIM", "ASCEND_GRAPH_PATCH_SIM")
+    }
     clean.update(env)
-    proc = subprocess.run([sys.executable, "-c", _FINDERS], env=clean, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FINDERS],
+        env=clean,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip(), proc.stderr
 
 
-@pytest.mark.parametrize(("env", "active"), [
-    ({}, "False"),
-    ({"TORCH_NPU_SIM": "1"}, "True"),
-    ({"TORCH_NPU_SIM": "On"}, "True"),
-    ({"ASCEND_GRAPH_PATCH_SIM": "true"}, "True"),  # the older name still works
-    ({"TORCH_NPU_SIM": "0", "ASCEND_GRAPH_PATCH_SIM": "1"}, "False"),  # the new name wins
-    ({"TORCH_NPU_SIM": "off"}, "False"),
-])
+@pytest.mark.parametrize(
+    ("env", "active"),
+    [
+        ({}, "False"),
+        ({"TORCH_NPU_SIM": "1"}, "True"),
+        ({"TORCH_NPU_SIM": "On"}, "True"),
+        ({"ASCEND_GRAPH_PATCH_SIM": "true"}, "True"),  # the older name still works
+        ({"TORCH_NPU_SIM": "0", "ASCEND_GRAPH_PATCH_SIM": "1"}, "False"),  # the new name wins
+        ({"TORCH_NPU_SIM": "off"}, "False"),
+    ],
+)
 def test_pth_activates_the_finder_only_when_asked(tmp_path: Path, env: dict, active: str) -> None:
     out, err = _start(tmp_path, **env)
     assert (out, err) == (active, "")

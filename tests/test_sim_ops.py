@@ -147,8 +147,20 @@ def make_problem(
         v_dense.append(vd)
     t = sum(q_lens) + pad_tokens
     q = torch.randn(t, num_heads, head_dim, generator=gen)
-    return Problem(q, q_lens, kv_lens, k_dense, v_dense, kc, vc, bt, block_size, num_heads,
-                   num_kv_heads, head_dim)  # fmt: skip
+    return Problem(
+        q,
+        q_lens,
+        kv_lens,
+        k_dense,
+        v_dense,
+        kc,
+        vc,
+        bt,
+        block_size,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    )
 
 
 def oracle_tnd(p: Problem, **kw) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,8 +219,16 @@ def test_fia_out_tnd_paged_matches_oracle(case, mode, window):
     seed, batch, n, nkv, d, bs, decode_only, pad = case
     gen = torch.Generator().manual_seed(seed * 7 + mode)
     q_lens, kv_lens = random_lengths(gen, batch, 3 * bs // 2 + 3, decode_only)
-    p = make_problem(gen, q_lens=q_lens, kv_lens=kv_lens, num_heads=n, num_kv_heads=nkv,
-                     head_dim=d, block_size=bs, pad_tokens=pad)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        num_heads=n,
+        num_kv_heads=nkv,
+        head_dim=d,
+        block_size=bs,
+        pad_tokens=pad,
+    )
     scale = 1.0 / math.sqrt(d)
     pre = window if window is not None else INT_MAX
     nxt = 0 if mode == 4 else INT_MAX
@@ -254,18 +274,36 @@ def test_fia_out_tnd_paged_matches_oracle(case, mode, window):
 def test_fia_out_leaves_placeholder_lse_and_zeroes_padding():
     """vllm-ascend passes a 1-element softmax_lse and pads T past the last cumulative end."""
     gen = torch.Generator().manual_seed(11)
-    p = make_problem(gen, q_lens=[1, 1, 1], kv_lens=[5, 17, 1], num_heads=4, num_kv_heads=2,
-                     head_dim=8, block_size=16, pad_tokens=4)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=[1, 1, 1],
+        kv_lens=[5, 17, 1],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        block_size=16,
+        pad_tokens=4,
+    )
     nb = p.key_cache.shape[0]
     out = torch.full_like(p.q, 7.0)
     lse = torch.full((1,), 3.0)
     REFERENCE_OPS["npu_fused_infer_attention_score.out"](
-        query=p.q, key=p.key_cache.view(nb, 16, -1), value=p.value_cache.view(nb, 16, -1),
-        block_table=p.block_table, input_layout="TND", block_size=16,
-        actual_seq_lengths=p.cum_q, actual_seq_lengths_kv=p.kv_lens, num_key_value_heads=2,
-        num_heads=4, scale=0.5, sparse_mode=3, pre_tokens=INT_MAX, next_tokens=0,
+        query=p.q,
+        key=p.key_cache.view(nb, 16, -1),
+        value=p.value_cache.view(nb, 16, -1),
+        block_table=p.block_table,
+        input_layout="TND",
+        block_size=16,
+        actual_seq_lengths=p.cum_q,
+        actual_seq_lengths_kv=p.kv_lens,
+        num_key_value_heads=2,
+        num_heads=4,
+        scale=0.5,
+        sparse_mode=3,
+        pre_tokens=INT_MAX,
+        next_tokens=0,
         out=[out, lse],
-    )  # fmt: skip
+    )
     assert lse.item() == 3.0
     assert torch.count_nonzero(out[3:]) == 0
     exp, _ = oracle_tnd(p, scale=0.5, mode=3)
@@ -275,17 +313,33 @@ def test_fia_out_leaves_placeholder_lse_and_zeroes_padding():
 def test_fia_padded_requests_give_zeros_not_nan():
     """kv len 0 requests, a short block table and a dummy padding request all yield zeros."""
     gen = torch.Generator().manual_seed(12)
-    p = make_problem(gen, q_lens=[1, 1, 1, 1], kv_lens=[3, 1, 2, 9], num_heads=2,
-                     num_kv_heads=1, head_dim=8, block_size=4)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=[1, 1, 1, 1],
+        kv_lens=[3, 1, 2, 9],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        block_size=4,
+    )
     nb = p.key_cache.shape[0]
     kv_lens = [3, 0, 2, 9]  # request 1 is empty
     bt = p.block_table[:3]  # request 3 has no block-table row -> treated as empty
     out, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](
-        query=p.q, key=p.key_cache.view(nb, 4, -1), value=p.value_cache.view(nb, 4, -1),
-        block_table=bt, input_layout="TND", block_size=4, actual_seq_lengths=p.cum_q,
-        actual_seq_lengths_kv=kv_lens, num_key_value_heads=1, num_heads=2, scale=1.0,
-        sparse_mode=3, next_tokens=0,
-    )  # fmt: skip
+        query=p.q,
+        key=p.key_cache.view(nb, 4, -1),
+        value=p.value_cache.view(nb, 4, -1),
+        block_table=bt,
+        input_layout="TND",
+        block_size=4,
+        actual_seq_lengths=p.cum_q,
+        actual_seq_lengths_kv=kv_lens,
+        num_key_value_heads=1,
+        num_heads=2,
+        scale=1.0,
+        sparse_mode=3,
+        next_tokens=0,
+    )
     assert not torch.isnan(out).any()
     assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[3]) == 0
     exp, _ = oracle_request(p.q[2:3], p.k_dense[2][:2], p.v_dense[2][:2], scale=1.0, mode=3)
@@ -295,14 +349,26 @@ def test_fia_padded_requests_give_zeros_not_nan():
 def test_fia_reads_lengths_at_call_time():
     """A recorded task replayed after the length tensor changed must see the new lengths."""
     gen = torch.Generator().manual_seed(13)
-    p = make_problem(gen, q_lens=[1, 1], kv_lens=[20, 20], num_heads=2, num_kv_heads=2,
-                     head_dim=8, block_size=8)  # fmt: skip
+    p = make_problem(
+        gen, q_lens=[1, 1], kv_lens=[20, 20], num_heads=2, num_kv_heads=2, head_dim=8, block_size=8
+    )
     nb = p.key_cache.shape[0]
     lens = torch.tensor([20, 20], dtype=torch.int32)
-    kw = dict(query=p.q, key=p.key_cache.view(nb, 8, -1), value=p.value_cache.view(nb, 8, -1),
-              block_table=p.block_table, input_layout="TND", block_size=8,
-              actual_seq_lengths=p.cum_q, actual_seq_lengths_kv=lens, num_key_value_heads=2,
-              num_heads=2, scale=0.3, sparse_mode=3, next_tokens=0)  # fmt: skip
+    kw = dict(
+        query=p.q,
+        key=p.key_cache.view(nb, 8, -1),
+        value=p.value_cache.view(nb, 8, -1),
+        block_table=p.block_table,
+        input_layout="TND",
+        block_size=8,
+        actual_seq_lengths=p.cum_q,
+        actual_seq_lengths_kv=lens,
+        num_key_value_heads=2,
+        num_heads=2,
+        scale=0.3,
+        sparse_mode=3,
+        next_tokens=0,
+    )
     first, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](**kw)
     lens[0] = 7
     second, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](**kw)
@@ -324,11 +390,20 @@ def test_fia_dense_tnd_prefill_cumulative_kv(seed):
     v = torch.randn(t, nkv, d, generator=gen)
     cum = torch.tensor(q_lens).cumsum(0).tolist()
     out, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](
-        query=q, key=k, value=v, atten_mask=torch.ones(2048, 2048, dtype=torch.int8).triu(1),
-        block_table=None, input_layout="TND", block_size=128, actual_seq_lengths=cum,
-        actual_seq_lengths_kv=cum, num_key_value_heads=nkv, num_heads=n, scale=0.4,
+        query=q,
+        key=k,
+        value=v,
+        atten_mask=torch.ones(2048, 2048, dtype=torch.int8).triu(1),
+        block_table=None,
+        input_layout="TND",
+        block_size=128,
+        actual_seq_lengths=cum,
+        actual_seq_lengths_kv=cum,
+        num_key_value_heads=nkv,
+        num_heads=n,
+        scale=0.4,
         sparse_mode=3,
-    )  # fmt: skip
+    )
     start = 0
     for ql in q_lens:
         sl = slice(start, start + ql)
@@ -340,16 +415,26 @@ def test_fia_dense_tnd_prefill_cumulative_kv(seed):
 
 def test_fia_mode0_explicit_mask():
     gen = torch.Generator().manual_seed(21)
-    p = make_problem(gen, q_lens=[3, 2], kv_lens=[6, 4], num_heads=2, num_kv_heads=1,
-                     head_dim=8, block_size=4)  # fmt: skip
+    p = make_problem(
+        gen, q_lens=[3, 2], kv_lens=[6, 4], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4
+    )
     nb = p.key_cache.shape[0]
     mask = torch.rand(8, 8, generator=gen) > 0.6
     out, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](
-        query=p.q, key=p.key_cache.view(nb, 4, -1), value=p.value_cache.view(nb, 4, -1),
-        atten_mask=mask, block_table=p.block_table, input_layout="TND", block_size=4,
-        actual_seq_lengths=p.cum_q, actual_seq_lengths_kv=p.kv_lens, num_key_value_heads=1,
-        num_heads=2, scale=0.7, sparse_mode=0,
-    )  # fmt: skip
+        query=p.q,
+        key=p.key_cache.view(nb, 4, -1),
+        value=p.value_cache.view(nb, 4, -1),
+        atten_mask=mask,
+        block_table=p.block_table,
+        input_layout="TND",
+        block_size=4,
+        actual_seq_lengths=p.cum_q,
+        actual_seq_lengths_kv=p.kv_lens,
+        num_key_value_heads=1,
+        num_heads=2,
+        scale=0.7,
+        sparse_mode=0,
+    )
     exp0, _ = oracle_request(p.q[:3], p.k_dense[0], p.v_dense[0], scale=0.7, mode=0, mask=mask)
     exp1, _ = oracle_request(p.q[3:5], p.k_dense[1], p.v_dense[1], scale=0.7, mode=0, mask=mask)
     assert_close(out[:3], exp0)
@@ -359,21 +444,38 @@ def test_fia_mode0_explicit_mask():
 def test_fia_layouts_agree_bnsd_bsnd_bsh_and_4d_caches():
     """Decode through BNSD/BSND/BSH query layouts and the three 4-D/3-D cache layouts."""
     gen = torch.Generator().manual_seed(31)
-    p = make_problem(gen, q_lens=[1, 1, 1], kv_lens=[9, 2, 16], num_heads=4, num_kv_heads=2,
-                     head_dim=8, block_size=8)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=[1, 1, 1],
+        kv_lens=[9, 2, 16],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        block_size=8,
+    )
     exp, _ = oracle_tnd(p, scale=0.5, mode=0)
     kc, vc = p.key_cache, p.value_cache
-    common = dict(block_table=p.block_table, block_size=8, actual_seq_lengths_kv=p.kv_lens,
-                  num_key_value_heads=2, num_heads=4, scale=0.5)  # fmt: skip
+    common = dict(
+        block_table=p.block_table,
+        block_size=8,
+        actual_seq_lengths_kv=p.kv_lens,
+        num_key_value_heads=2,
+        num_heads=4,
+        scale=0.5,
+    )
     fia = REFERENCE_OPS["npu_fused_infer_attention_score"]
-    bnsd, _ = fia(p.q.unsqueeze(2), kc.permute(0, 2, 1, 3).contiguous(),
-                  vc.permute(0, 2, 1, 3).contiguous(), input_layout="BNSD", **common)  # fmt: skip
+    bnsd, _ = fia(
+        p.q.unsqueeze(2),
+        kc.permute(0, 2, 1, 3).contiguous(),
+        vc.permute(0, 2, 1, 3).contiguous(),
+        input_layout="BNSD",
+        **common,
+    )
     assert bnsd.shape == (3, 4, 1, 8)
     assert_close(bnsd.squeeze(2), exp)
     bsnd, _ = fia(p.q.unsqueeze(1), kc, vc, input_layout="BSND", **common)
     assert_close(bsnd.squeeze(1), exp)
-    bsh, _ = fia(p.q.reshape(3, 1, 32), kc.flatten(2), vc.flatten(2), input_layout="BSH",
-                 **common)  # fmt: skip
+    bsh, _ = fia(p.q.reshape(3, 1, 32), kc.flatten(2), vc.flatten(2), input_layout="BSH", **common)
     assert_close(bsh.reshape(3, 4, 8), exp)
 
 
@@ -391,20 +493,35 @@ def test_fia_c8_bnsd_nz_int8_antiquant():
     nz = (-1, nkv, d // 32, bs, 32)
     slots = torch.arange(nb * bs, dtype=torch.int32)
     REFERENCE_OPS["npu_scatter_pa_kv_cache"](
-        key=k_int.reshape(-1, nkv, d), value=v_int.reshape(-1, nkv, d),
-        key_cache=key_cache.view(nz), value_cache=value_cache.view(nz), slot_mapping=slots,
-    )  # fmt: skip
+        key=k_int.reshape(-1, nkv, d),
+        value=v_int.reshape(-1, nkv, d),
+        key_cache=key_cache.view(nz),
+        value_cache=value_cache.view(nz),
+        slot_mapping=slots,
+    )
     k_scale = torch.rand(nkv, 1, d, generator=gen) * 0.02 + 0.001
     v_scale = torch.rand(nkv, 1, d, generator=gen) * 0.02 + 0.001
     bt = torch.tensor([[3, 1, 0], [5, 0, 0], [2, 7, 0]], dtype=torch.int32)
     q = torch.randn(3, n, d, generator=gen)
     out, _ = REFERENCE_OPS["npu_fused_infer_attention_score"](
-        q.unsqueeze(2), key_cache.view(nz), value_cache.view(nz),
-        key_antiquant_scale=k_scale, value_antiquant_scale=v_scale, block_table=bt,
-        actual_seq_lengths_kv=kv_lens, num_heads=n, num_key_value_heads=nkv,
-        input_layout="BNSD", scale=0.1, block_size=bs, antiquant_mode=0, key_antiquant_mode=0,
-        value_antiquant_mode=0, inner_precise=1, sparse_mode=0,
-    )  # fmt: skip
+        q.unsqueeze(2),
+        key_cache.view(nz),
+        value_cache.view(nz),
+        key_antiquant_scale=k_scale,
+        value_antiquant_scale=v_scale,
+        block_table=bt,
+        actual_seq_lengths_kv=kv_lens,
+        num_heads=n,
+        num_key_value_heads=nkv,
+        input_layout="BNSD",
+        scale=0.1,
+        block_size=bs,
+        antiquant_mode=0,
+        key_antiquant_mode=0,
+        value_antiquant_mode=0,
+        inner_precise=1,
+        sparse_mode=0,
+    )
     for b, kv in enumerate(kv_lens):
         pos = torch.arange(kv)
         blocks = bt[b, pos // bs].long()
@@ -416,14 +533,29 @@ def test_fia_c8_bnsd_nz_int8_antiquant():
     # capture path: .out with output.unsqueeze(2) and cumulative q ends (clamped to S=1)
     output = torch.zeros(3, n, d)
     REFERENCE_OPS["npu_fused_infer_attention_score.out"](
-        query=q.unsqueeze(2), key=key_cache.view(nz), value=value_cache.view(nz),
-        atten_mask=None, block_table=bt, input_layout="BNSD", block_size=bs,
-        actual_seq_lengths=[1, 2, 3], actual_seq_lengths_kv=kv_lens, num_key_value_heads=nkv,
-        num_heads=n, scale=0.1, sparse_mode=0, pre_tokens=INT_MAX, next_tokens=INT_MAX,
-        workspace=None, out=[output.unsqueeze(2), torch.empty(1)],
-        key_antiquant_scale=k_scale, value_antiquant_scale=v_scale, key_antiquant_mode=0,
-        value_antiquant_mode=0, inner_precise=1,
-    )  # fmt: skip
+        query=q.unsqueeze(2),
+        key=key_cache.view(nz),
+        value=value_cache.view(nz),
+        atten_mask=None,
+        block_table=bt,
+        input_layout="BNSD",
+        block_size=bs,
+        actual_seq_lengths=[1, 2, 3],
+        actual_seq_lengths_kv=kv_lens,
+        num_key_value_heads=nkv,
+        num_heads=n,
+        scale=0.1,
+        sparse_mode=0,
+        pre_tokens=INT_MAX,
+        next_tokens=INT_MAX,
+        workspace=None,
+        out=[output.unsqueeze(2), torch.empty(1)],
+        key_antiquant_scale=k_scale,
+        value_antiquant_scale=v_scale,
+        key_antiquant_mode=0,
+        value_antiquant_mode=0,
+        inner_precise=1,
+    )
     assert_close(output, out.squeeze(2))
 
 
@@ -438,20 +570,38 @@ def test_fia_v2_sinks_matches_oracle(case, window):
     seed, batch, n, nkv, d, bs, decode_only, pad = case
     gen = torch.Generator().manual_seed(seed * 13 + (window or 0))
     q_lens, kv_lens = random_lengths(gen, batch, 2 * bs + 1, decode_only)
-    p = make_problem(gen, q_lens=q_lens, kv_lens=kv_lens, num_heads=n, num_kv_heads=nkv,
-                     head_dim=d, block_size=bs, pad_tokens=pad)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        num_heads=n,
+        num_kv_heads=nkv,
+        head_dim=d,
+        block_size=bs,
+        pad_tokens=pad,
+    )
     sinks = torch.randn(n, generator=gen) * 2
     nb = p.key_cache.shape[0]
     mode = 4 if window is not None else 3
     pre = window if window is not None else INT_MAX
     kwargs = dict(
-        query=p.q, key=p.key_cache.view(nb, bs, -1), value=p.value_cache.view(nb, bs, -1),
-        atten_mask=torch.ones(2048, 2048, dtype=torch.int8).triu(1), block_table=p.block_table,
-        input_layout="TND", block_size=bs, actual_seq_qlen=torch.tensor(p.cum_q).int(),
-        actual_seq_kvlen=torch.tensor(p.kv_lens, dtype=torch.int32), num_key_value_heads=nkv,
-        num_query_heads=n, sparse_mode=mode, pre_tokens=pre, next_tokens=0,
-        softmax_scale=0.25, learnable_sink=sinks,
-    )  # fmt: skip
+        query=p.q,
+        key=p.key_cache.view(nb, bs, -1),
+        value=p.value_cache.view(nb, bs, -1),
+        atten_mask=torch.ones(2048, 2048, dtype=torch.int8).triu(1),
+        block_table=p.block_table,
+        input_layout="TND",
+        block_size=bs,
+        actual_seq_qlen=torch.tensor(p.cum_q).int(),
+        actual_seq_kvlen=torch.tensor(p.kv_lens, dtype=torch.int32),
+        num_key_value_heads=nkv,
+        num_query_heads=n,
+        sparse_mode=mode,
+        pre_tokens=pre,
+        next_tokens=0,
+        softmax_scale=0.25,
+        learnable_sink=sinks,
+    )
     ws = REFERENCE_OPS["_npu_fused_infer_attention_score_v2_get_max_workspace"](**kwargs)
     out = torch.full_like(p.q, float("nan"))
     lse = torch.empty(p.q.shape[0], n, 1)
@@ -466,13 +616,25 @@ def test_fia_v2_sinks_matches_oracle(case, window):
 
 def test_fia_v2_sink_changes_result_and_empty_kv_gives_zero():
     gen = torch.Generator().manual_seed(51)
-    p = make_problem(gen, q_lens=[1, 1], kv_lens=[5, 5], num_heads=2, num_kv_heads=1,
-                     head_dim=8, block_size=8)  # fmt: skip
+    p = make_problem(
+        gen, q_lens=[1, 1], kv_lens=[5, 5], num_heads=2, num_kv_heads=1, head_dim=8, block_size=8
+    )
     nb = p.key_cache.shape[0]
-    kw = dict(query=p.q, key=p.key_cache.view(nb, 8, -1), value=p.value_cache.view(nb, 8, -1),
-              block_table=p.block_table, input_layout="TND", block_size=8,
-              actual_seq_qlen=[1, 2], actual_seq_kvlen=[5, 0], num_key_value_heads=1,
-              num_query_heads=2, sparse_mode=3, next_tokens=0, softmax_scale=1.0)  # fmt: skip
+    kw = dict(
+        query=p.q,
+        key=p.key_cache.view(nb, 8, -1),
+        value=p.value_cache.view(nb, 8, -1),
+        block_table=p.block_table,
+        input_layout="TND",
+        block_size=8,
+        actual_seq_qlen=[1, 2],
+        actual_seq_kvlen=[5, 0],
+        num_key_value_heads=1,
+        num_query_heads=2,
+        sparse_mode=3,
+        next_tokens=0,
+        softmax_scale=1.0,
+    )
     v2 = REFERENCE_OPS["npu_fused_infer_attention_score_v2"]
     plain, _ = v2(**kw)
     sunk, lse = v2(**kw, learnable_sink=torch.tensor([3.0, -1.0]), return_softmax_lse=True)
@@ -486,20 +648,38 @@ def test_fia_v2_mla_rope_split_layout():
     """MLA decode shape: q/k rope parts concatenated for scores, value = k_nope, NBSD output."""
     gen = torch.Generator().manual_seed(52)
     n, d, dr, bs = 4, 16, 8, 8
-    p = make_problem(gen, q_lens=[1, 1, 1], kv_lens=[5, 12, 1], num_heads=n, num_kv_heads=1,
-                     head_dim=d + dr, block_size=bs)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=[1, 1, 1],
+        kv_lens=[5, 12, 1],
+        num_heads=n,
+        num_kv_heads=1,
+        head_dim=d + dr,
+        block_size=bs,
+    )
     k_nope, k_pe = p.key_cache[..., :d].contiguous(), p.key_cache[..., d:].contiguous()
     q_nope, q_pe = p.q[..., :d], p.q[..., d:]
     out, _ = REFERENCE_OPS["npu_fused_infer_attention_score_v2"](
-        q_nope.unsqueeze(2), k_nope, k_nope, query_rope=q_pe.unsqueeze(2), key_rope=k_pe,
-        num_query_heads=n, num_key_value_heads=1, input_layout="BNSD_NBSD", sparse_mode=0,
-        softmax_scale=0.2, block_table=p.block_table, block_size=bs, actual_seq_qlen=[1, 2, 3],
+        q_nope.unsqueeze(2),
+        k_nope,
+        k_nope,
+        query_rope=q_pe.unsqueeze(2),
+        key_rope=k_pe,
+        num_query_heads=n,
+        num_key_value_heads=1,
+        input_layout="BNSD_NBSD",
+        sparse_mode=0,
+        softmax_scale=0.2,
+        block_table=p.block_table,
+        block_size=bs,
+        actual_seq_qlen=[1, 2, 3],
         actual_seq_kvlen=p.kv_lens,
-    )  # fmt: skip
+    )
     assert out.shape == (n, 3, 1, d)
     for b in range(3):
-        exp, _ = oracle_request(p.q[b : b + 1], p.k_dense[b], p.k_dense[b][..., :d], scale=0.2,
-                                mode=0)  # fmt: skip
+        exp, _ = oracle_request(
+            p.q[b : b + 1], p.k_dense[b], p.k_dense[b][..., :d], scale=0.2, mode=0
+        )
         assert_close(out[:, b, 0], exp[0])
 
 
@@ -513,8 +693,16 @@ def test_paged_attention_matches_oracle(case):
     seed, batch, n, nkv, d, bs, _, pad = case
     gen = torch.Generator().manual_seed(seed + 200)
     _, kv_lens = random_lengths(gen, batch, 2 * bs + 5, True)
-    p = make_problem(gen, q_lens=[1] * batch, kv_lens=kv_lens, num_heads=n, num_kv_heads=nkv,
-                     head_dim=d, block_size=bs, pad_tokens=pad)  # fmt: skip
+    p = make_problem(
+        gen,
+        q_lens=[1] * batch,
+        kv_lens=kv_lens,
+        num_heads=n,
+        num_kv_heads=nkv,
+        head_dim=d,
+        block_size=bs,
+        pad_tokens=pad,
+    )
     ctx = torch.tensor(kv_lens, dtype=torch.int32)
     args = dict(
         query=p.q,
@@ -534,8 +722,9 @@ def test_paged_attention_matches_oracle(case):
     assert_close(out, exp)
     # positional form, as torch_npu allows
     out2 = torch.empty_like(p.q)
-    REFERENCE_OPS["_npu_paged_attention"](p.q, p.key_cache, p.value_cache, nkv, n, 0.2,
-                                          p.block_table, ctx, out2)  # fmt: skip
+    REFERENCE_OPS["_npu_paged_attention"](
+        p.q, p.key_cache, p.value_cache, nkv, n, 0.2, p.block_table, ctx, out2
+    )
     assert torch.equal(out, out2)
 
 
@@ -565,9 +754,9 @@ def test_reshape_and_cache_then_attention_round_trip(seed):
     # A5 path writes the same layout through npu_scatter_pa_kv_cache(cache_mode="Norm")
     kc2 = torch.zeros(nb, bs, nkv, d)
     vc2 = torch.zeros(nb, bs, nkv, d)
-    REFERENCE_OPS["npu_scatter_pa_kv_cache"](key=key, value=value, key_cache=kc2,
-                                             value_cache=vc2, slot_mapping=slots,
-                                             cache_mode="Norm")  # fmt: skip
+    REFERENCE_OPS["npu_scatter_pa_kv_cache"](
+        key=key, value=value, key_cache=kc2, value_cache=vc2, slot_mapping=slots, cache_mode="Norm"
+    )
     assert torch.equal(kc2, key_cache) and torch.equal(vc2, value_cache)
 
 
@@ -578,9 +767,13 @@ def test_scatter_nz_layout_matches_manual_placement():
     nz = cache.view(-1, nkv, d // 32, bs, 32)
     key = torch.randint(-100, 100, (5, nkv, d), generator=gen, dtype=torch.int8)
     slots = torch.tensor([0, 33, -1, 95, 64], dtype=torch.int32)
-    REFERENCE_OPS["npu_scatter_pa_kv_cache"](key=key, value=key.clone(), key_cache=nz,
-                                             value_cache=torch.zeros_like(nz),
-                                             slot_mapping=slots)  # fmt: skip
+    REFERENCE_OPS["npu_scatter_pa_kv_cache"](
+        key=key,
+        value=key.clone(),
+        key_cache=nz,
+        value_cache=torch.zeros_like(nz),
+        slot_mapping=slots,
+    )
     for i, s in enumerate(slots.tolist()):
         if s < 0:
             continue
@@ -603,9 +796,15 @@ def test_fusion_attention_tnd_with_trailing_zero_end():
     k = torch.randn(7, n, d, generator=gen)
     v = torch.randn(7, n, d, generator=gen)
     out = REFERENCE_OPS["npu_fusion_attention"](
-        query=q, key=k, value=v, head_num=n, input_layout="TND", scale=0.3,
-        actual_seq_qlen=[2, 5, 0], actual_seq_kvlen=[2, 5, 0],
-    )[0]  # fmt: skip
+        query=q,
+        key=k,
+        value=v,
+        head_num=n,
+        input_layout="TND",
+        scale=0.3,
+        actual_seq_qlen=[2, 5, 0],
+        actual_seq_kvlen=[2, 5, 0],
+    )[0]
     for sl in (slice(0, 2), slice(2, 5)):
         exp, _ = oracle_request(q[sl], k[sl], v[sl], scale=0.3, mode=0)
         assert_close(out[sl], exp)
@@ -622,11 +821,21 @@ def test_workspace_monotone_and_enforced():
         q = torch.zeros(t, n, 16)
         kc = torch.zeros(4, 16, 2 * 16)
         w = REFERENCE_OPS["_npu_fused_infer_attention_score_get_max_workspace"](
-            query=q, key=kc, value=kc, block_table=torch.zeros(t, 4, dtype=torch.int32),
-            input_layout="TND", block_size=16, actual_seq_lengths=list(range(1, t + 1)),
-            actual_seq_lengths_kv=[1] * t, num_key_value_heads=2, num_heads=n, scale=1.0,
-            sparse_mode=3, pre_tokens=INT_MAX, next_tokens=0,
-        )  # fmt: skip
+            query=q,
+            key=kc,
+            value=kc,
+            block_table=torch.zeros(t, 4, dtype=torch.int32),
+            input_layout="TND",
+            block_size=16,
+            actual_seq_lengths=list(range(1, t + 1)),
+            actual_seq_lengths_kv=[1] * t,
+            num_key_value_heads=2,
+            num_heads=n,
+            scale=1.0,
+            sparse_mode=3,
+            pre_tokens=INT_MAX,
+            next_tokens=0,
+        )
         return w.numel() * w.element_size()
 
     sizes = [ws(t, n) for t, n in [(1, 2), (4, 2), (16, 2), (16, 8)]]
@@ -639,11 +848,21 @@ def test_workspace_monotone_and_enforced():
     kc = torch.randn(4, 16, 32)
     with pytest.raises(RuntimeError, match="workspace"):
         REFERENCE_OPS["npu_fused_infer_attention_score.out"](
-            query=q, key=kc, value=kc, block_table=torch.zeros(16, 4, dtype=torch.int32),
-            input_layout="TND", block_size=16, actual_seq_lengths=list(range(1, 17)),
-            actual_seq_lengths_kv=[1] * 16, num_key_value_heads=2, num_heads=8, scale=1.0,
-            sparse_mode=3, workspace=small, out=[torch.empty_like(q), torch.empty(1)],
-        )  # fmt: skip
+            query=q,
+            key=kc,
+            value=kc,
+            block_table=torch.zeros(16, 4, dtype=torch.int32),
+            input_layout="TND",
+            block_size=16,
+            actual_seq_lengths=list(range(1, 17)),
+            actual_seq_lengths_kv=[1] * 16,
+            num_key_value_heads=2,
+            num_heads=8,
+            scale=1.0,
+            sparse_mode=3,
+            workspace=small,
+            out=[torch.empty_like(q), torch.empty(1)],
+        )
     # getters reject keywords the op would reject
     with pytest.raises(TypeError):
         REFERENCE_OPS["_npu_fused_infer_attention_score_get_max_workspace"](
@@ -678,8 +897,12 @@ def _vllm_ascend_root() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-CALL_SITE_FILES = ["attention/attention_v1.py", "attention/utils.py", "device/device_op.py",
-                   "device/utils.py"]  # fmt: skip
+CALL_SITE_FILES = [
+    "attention/attention_v1.py",
+    "attention/utils.py",
+    "device/device_op.py",
+    "device/utils.py",
+]
 
 
 def _torch_npu_calls(path: Path):

@@ -30,8 +30,14 @@ def run_child(tmp_path: Path, *args: str, **env: str) -> int:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
     clean.update(ASCEND_GRAPH_PATCH="observe", ASCEND_GRAPH_PATCH_STATUS_DIR=str(tmp_path / "st"))
     clean.update(env)
-    proc = subprocess.run([sys.executable, "-c", CHILD, *args], env=clean, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, *args],
+        env=clean,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip())
 
@@ -78,15 +84,24 @@ def test_an_unwritable_directory_warns_once_and_never_raises(tmp_path: Path, cap
 
 
 def _snap(pid: int, rank: int | None, counters: dict, owned: int) -> dict:
-    return {"pid": pid, "rank": rank, "mode": "on", "counters": counters, "graphs_owned": owned,
-            "tasks_per_kind": {"fia": owned * 2}, "gate": {"v1": {"verdict": "supported"}}}
+    return {
+        "pid": pid,
+        "rank": rank,
+        "mode": "on",
+        "counters": counters,
+        "graphs_owned": owned,
+        "tasks_per_kind": {"fia": owned * 2},
+        "gate": {"v1": {"verdict": "supported"}},
+    }
 
 
 def test_merge_sums_and_keeps_one_row_per_process_by_rank() -> None:
-    merged = status_files.merge([
-        _snap(20, 1, {"updates.owned": 5}, 3),
-        _snap(10, 0, {"updates.owned": 7, "tasks.updated": 14}, 3),
-    ])
+    merged = status_files.merge(
+        [
+            _snap(20, 1, {"updates.owned": 5}, 3),
+            _snap(10, 0, {"updates.owned": 7, "tasks.updated": 14}, 3),
+        ]
+    )
     assert merged["processes"] == 2 and merged["graphs_owned"] == 6
     assert merged["counters"] == {"tasks.updated": 14, "updates.owned": 12}
     assert merged["tasks_per_kind"] == {"fia": 12}

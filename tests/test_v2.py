@@ -41,8 +41,10 @@ V2_MODULES = (
 )
 DRAFT = Scenario(
     "v2_draft",
-    layers=(LayerSpec("model.layers.60.self_attn.attn"),
-            LayerSpec("model.layers.61.self_attn.attn")),
+    layers=(
+        LayerSpec("model.layers.60.self_attn.attn"),
+        LayerSpec("model.layers.61.self_attn.attn"),
+    ),
     capture_sizes=(4, 8),
     max_kv_len=384,
 )
@@ -105,9 +107,16 @@ def overlay() -> Iterator[Callable[[str], None]]:
     activation.disable()
 
 
-def run_arm(scenario: Scenario, role: str = "target", qlen: int = 1, steps: int = STEPS,
-            *, eager: bool = True, before_capture: Callable[[], None] | None = None,
-            after_capture: Callable[[], None] | None = None) -> Arm:
+def run_arm(
+    scenario: Scenario,
+    role: str = "target",
+    qlen: int = 1,
+    steps: int = STEPS,
+    *,
+    eager: bool = True,
+    before_capture: Callable[[], None] | None = None,
+    after_capture: Callable[[], None] | None = None,
+) -> Arm:
     """One arm: fresh engine, fixed batch seed. Eager runs first and the KV slots it wrote are
     put back, so skipping it (``eager=False``) leaves the graph outputs unchanged. A step that
     raises ends the arm and is kept in ``arm.error``."""
@@ -139,9 +148,10 @@ def run_arm(scenario: Scenario, role: str = "target", qlen: int = 1, steps: int 
             if reference is not None:
                 arm.eager_err.append((out - reference).abs().max().item())
         arm.counters = dict(state.STATE.counters)
-        arm.owned = {g.descriptor: [(t.kind, t.layer_name, t.metadata_key, t.step)
-                                    for t in g.tasks]
-                     for g in REGISTRY.graphs()}
+        arm.owned = {
+            g.descriptor: [(t.kind, t.layer_name, t.metadata_key, t.step) for t in g.tasks]
+            for g in REGISTRY.graphs()
+        }
         arm.refused = {desc: why for (_, desc), why in REGISTRY.refused.items()}
     finally:
         engine.close()
@@ -399,8 +409,10 @@ def test_upstream_decode_manager_capture_is_refused_per_graph(
         return "done"
 
     assert capture_v2.decode_capture(stock_capture, manager, (), {}) == "done"
-    assert REGISTRY.refused == {("draft", "d4"): capture_v2.DECODE,
-                                ("draft", "d8"): capture_v2.DECODE}
+    assert REGISTRY.refused == {
+        ("draft", "d4"): capture_v2.DECODE,
+        ("draft", "d8"): capture_v2.DECODE,
+    }
 
 
 def test_v2_late_enable_refuses_and_stays_stock(overlay: Callable[[str], None]) -> None:

@@ -33,8 +33,9 @@ print(json.dumps({"before": before, "after": _bootstrap.MODE, "state_mode": stat
 def test_vllm_general_plugin_loader_enables_the_overlay() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
     env.update(VLLM_PLUGINS="ascend_graph_patch")
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"before": None, "after": "observe", "state_mode": "observe", "installed": True}

@@ -27,41 +27,84 @@ class UsageError(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="ab-report",
-                        help="report directory (default: %(default)s)")
-    parser.add_argument("--scenarios", default=None,
-                        help="comma-separated simulator scenarios (default: all; see --list)")
+    parser.add_argument(
+        "--out", default="ab-report", help="report directory (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=None,
+        help="comma-separated simulator scenarios (default: all; see --list)",
+    )
     parser.add_argument("--list", action="store_true", help="list the simulator scenarios")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help="decode steps per scenario (default: %(default)s)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="decode steps per scenario (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of every arm (default: 0)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="ABBA blocks (stock, patched, patched, stock) (default: 1)")
-    parser.add_argument("--verify", action="store_true",
-                        help="add a verify arm (ASCEND_GRAPH_PATCH=verify: shadow-compares "
-                             "every update with stock in-process)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per arm before it is killed and reported as CRASH "
-                             "(default: 600 simulator, 3600 vLLM)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="leading steps per case left out of the timing (default: 2)")
-    parser.add_argument("--atol", type=float, default=1e-5,
-                        help="logits tolerance between arms (default: %(default)g)")
-    parser.add_argument("--eager-atol", type=float, default=1e-3,
-                        help="logits tolerance graph vs eager (default: %(default)g)")
-    parser.add_argument("--model", default=None,
-                        help="run vLLM offline inference with this model (Ascend host)")
-    parser.add_argument("--prompts", default=None,
-                        help="JSONL file of prompts for --model ({\"prompt\": ...} or a string "
-                             "per line; default: built-in prompts)")
-    parser.add_argument("--max-tokens", type=int, default=64,
-                        help="tokens generated per prompt with --model (default: 64)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="ABBA blocks (stock, patched, patched, stock) (default: 1)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="add a verify arm (ASCEND_GRAPH_PATCH=verify: shadow-compares "
+        "every update with stock in-process)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per arm before it is killed and reported as CRASH "
+        "(default: 600 simulator, 3600 vLLM)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="leading steps per case left out of the timing (default: 2)",
+    )
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=1e-5,
+        help="logits tolerance between arms (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--eager-atol",
+        type=float,
+        default=1e-3,
+        help="logits tolerance graph vs eager (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--model", default=None, help="run vLLM offline inference with this model (Ascend host)"
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help='JSONL file of prompts for --model ({"prompt": ...} or a string '
+        "per line; default: built-in prompts)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=64,
+        help="tokens generated per prompt with --model (default: 64)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.add_argument("--json", action="store_true",
-                        help="print report.json instead of the table")
+    parser.add_argument(
+        "--json", action="store_true", help="print report.json instead of the table"
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # tests: fake worker
-    parser.add_argument("engine_args", nargs=argparse.REMAINDER,
-                        help="after --: vLLM engine args for --model (as for `vllm serve`)")
+    parser.add_argument(
+        "engine_args",
+        nargs=argparse.REMAINDER,
+        help="after --: vLLM engine args for --model (as for `vllm serve`)",
+    )
 
 
 def catalogue(workload: str = "sim") -> dict[str, str]:
@@ -79,8 +122,13 @@ def catalogue(workload: str = "sim") -> dict[str, str]:
             f"no {workload!r} workload is installed (the simulator's is in torch-npu-sim); "
             "on an Ascend host pass --model"
         )
-    proc = subprocess.run([sys.executable, "-m", module, "--list"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "TORCH_NPU_SIM": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TORCH_NPU_SIM": "1"},
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"{module} --list failed: {tail}")
@@ -104,7 +152,7 @@ def read_prompts(path: str) -> list[str]:
         if isinstance(item, dict):
             item = item.get("prompt", item.get("text"))
         if not isinstance(item, str) or not item:
-            raise UsageError(f"{path}:{number}: expected a string or {{\"prompt\": \"...\"}}")
+            raise UsageError(f'{path}:{number}: expected a string or {{"prompt": "..."}}')
         prompts.append(item)
     if not prompts:
         raise UsageError(f"{path}: no prompts")
@@ -123,9 +171,17 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         raise UsageError("--repeats must be >= 1")
     if args.warmup < 0:
         raise UsageError("--warmup must be >= 0")
-    cfg = ABConfig(out=Path(args.out), steps=args.steps, seed=args.seed, repeats=args.repeats,
-                   verify=args.verify, warmup=args.warmup, atol=args.atol,
-                   eager_atol=args.eager_atol, progress=not args.no_progress)
+    cfg = ABConfig(
+        out=Path(args.out),
+        steps=args.steps,
+        seed=args.seed,
+        repeats=args.repeats,
+        verify=args.verify,
+        warmup=args.warmup,
+        atol=args.atol,
+        eager_atol=args.eager_atol,
+        progress=not args.no_progress,
+    )
     if args.model:
         if args.scenarios:
             raise UsageError("--scenarios selects simulator workloads; it cannot go with --model")
@@ -147,8 +203,9 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
             names = known
         unknown = [n for n in names if known is not None and n not in known]
         if unknown:
-            raise UsageError(f"unknown scenario(s) {', '.join(unknown)}; "
-                             f"available: {', '.join(known or [])}")
+            raise UsageError(
+                f"unknown scenario(s) {', '.join(unknown)}; available: {', '.join(known or [])}"
+            )
         cfg.cases = names
         cfg.timeout = args.timeout or 600.0
     if args.worker:
@@ -178,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
         written = ", ".join(str(p) for p in paths.values() if p is not None)
         print(f"report: {written}")
         if paths["png"] is None:
-            print("(no update_time.png: install matplotlib, e.g. pip install "
-                  "'ascend-graph-patch[report]')")
+            print(
+                "(no update_time.png: install matplotlib, e.g. pip install "
+                "'ascend-graph-patch[report]')"
+            )
     return summary.exit_code

@@ -25,7 +25,12 @@ from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
 
 PASS, PASS_KNOWN, DIFF, CRASH, INEFFECTIVE = (
-    "PASS", "PASS (stock fails, known)", "DIFF", "CRASH", "INEFFECTIVE")
+    "PASS",
+    "PASS (stock fails, known)",
+    "DIFF",
+    "CRASH",
+    "INEFFECTIVE",
+)
 _RANK = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3}
 EXIT_CODES = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 1, CRASH: 3}
 
@@ -73,9 +78,14 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict, "exit_code": self.exit_code, "ratio": self.ratio,
-            "noise": self.noise, "speed": self.speed, "problems": self.problems,
-            "runs": self.runs, "cases": [asdict(c) for c in self.cases],
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "ratio": self.ratio,
+            "noise": self.noise,
+            "speed": self.speed,
+            "problems": self.problems,
+            "runs": self.runs,
+            "cases": [asdict(c) for c in self.cases],
         }
 
 
@@ -86,7 +96,7 @@ def _expected_error_type(expect: str) -> str | None:
     """``"crash: ValueError: ..."`` -> ``"ValueError"``; ``"ok"`` -> None."""
     if not expect.startswith("crash:"):
         return None
-    return expect[len("crash:"):].strip().split(":", 1)[0].strip() or None
+    return expect[len("crash:") :].strip().split(":", 1)[0].strip() or None
 
 
 def case_state(run: ArmRun, name: str) -> tuple[str, dict[str, Any] | None]:
@@ -153,8 +163,11 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
             res.fail(CRASH, f"{where} did not run the case")
         elif state == "error" or (state == "known_fail" and run.arm != "stock"):
             res.fail(CRASH, f"{where} raised: {case.get('error')}")
-        elif state == "ok" and run.arm == "stock" and _expected_error_type(
-                str(case.get("expect", "ok"))):
+        elif (
+            state == "ok"
+            and run.arm == "stock"
+            and _expected_error_type(str(case.get("expect", "ok")))
+        ):
             res.notes.append(f"stock passed although expected to fail ({case.get('expect')})")
 
     stock_states = {states[r.index][0] for r in by_arm.get("stock", [])}
@@ -175,12 +188,18 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
 
 
 def _label(state: str) -> str:
-    return {"ok": "ok", "known_fail": "fails (known)", "error": "ERROR", "crash": "CRASH",
-            "missing": "missing"}[state]
+    return {
+        "ok": "ok",
+        "known_fail": "fails (known)",
+        "error": "ERROR",
+        "crash": "CRASH",
+        "missing": "missing",
+    }[state]
 
 
-def _compare_outputs(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
-                     states: dict[int, tuple[str, Any]]) -> None:
+def _compare_outputs(
+    cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+) -> None:
     ref = ok_runs[0]  # the first stock run if stock worked (schedule starts with stock)
     ref_case = states[ref.index][1]
     ref_tokens = ref_case.get("tokens", [])
@@ -193,8 +212,9 @@ def _compare_outputs(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
         tokens = case.get("tokens", [])
         first = _first_token_diff(ref_tokens, tokens)
         if first is not None:
-            token_diffs.append(f"{run.arm} run {run.index} differs from {ref.arm} run "
-                               f"{ref.index} at step {first}")
+            token_diffs.append(
+                f"{run.arm} run {run.index} differs from {ref.arm} run {ref.index} at step {first}"
+            )
         if ref_logits is not None:
             other = _logits(run, case)
             if other is None or len(other) != len(ref_logits):
@@ -204,8 +224,11 @@ def _compare_outputs(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
             diff = _max_abs(ref_logits, other)
             worst = max(worst or 0.0, diff)
             if diff > cfg.atol:
-                res.fail(DIFF, f"{run.arm} run {run.index}: logits differ by {diff:.3g} "
-                               f"(> atol {cfg.atol:g}) from {ref.arm} run {ref.index}")
+                res.fail(
+                    DIFF,
+                    f"{run.arm} run {run.index}: logits differ by {diff:.3g} "
+                    f"(> atol {cfg.atol:g}) from {ref.arm} run {ref.index}",
+                )
     for text in token_diffs:
         res.fail(DIFF, "tokens: " + text)
     res.logits_max_abs = worst
@@ -218,8 +241,9 @@ def _compare_outputs(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
         res.tokens = f"equal ({res.steps} steps x {compared + 1} runs)"
 
 
-def _check_eager(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
-                 states: dict[int, tuple[str, Any]]) -> None:
+def _check_eager(
+    cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+) -> None:
     worst, bad = 0.0, []
     seen = False
     for run in ok_runs:
@@ -229,11 +253,15 @@ def _check_eager(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
         seen = True
         worst = max(worst, float(ev.get("max_abs", 0.0)))
         if ev.get("token_mismatches"):
-            bad.append(f"{run.arm} run {run.index}: {ev['token_mismatches']} token(s) differ "
-                       f"from eager (first at step {ev.get('first_mismatch')})")
+            bad.append(
+                f"{run.arm} run {run.index}: {ev['token_mismatches']} token(s) differ "
+                f"from eager (first at step {ev.get('first_mismatch')})"
+            )
         elif float(ev.get("max_abs", 0.0)) > cfg.eager_atol:
-            bad.append(f"{run.arm} run {run.index}: logits differ from eager by "
-                       f"{float(ev['max_abs']):.3g} (> {cfg.eager_atol:g})")
+            bad.append(
+                f"{run.arm} run {run.index}: logits differ from eager by "
+                f"{float(ev['max_abs']):.3g} (> {cfg.eager_atol:g})"
+            )
         if ev.get("near_ties"):
             res.notes.append(f"{run.arm} run {run.index}: {ev['near_ties']} near tie(s) vs eager")
     if not seen:
@@ -244,8 +272,9 @@ def _check_eager(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
         res.fail(DIFF, "eager: " + text)
 
 
-def _check_overlay(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
-                   states: dict[int, tuple[str, Any]]) -> None:
+def _check_overlay(
+    cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+) -> None:
     for run in ok_runs:
         counters = states[run.index][1].get("counters") or {}
         if run.arm == "patched" and not counters.get("updates.owned"):
@@ -257,15 +286,20 @@ def _check_overlay(cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun],
         if run.arm == "verify":
             mism = int(counters.get("verify.mismatches", 0))
             if mism:
-                res.fail(DIFF, f"verify run {run.index}: {mism} parameter mismatch(es) "
-                               "between the overlay and stock")
+                res.fail(
+                    DIFF,
+                    f"verify run {run.index}: {mism} parameter mismatch(es) "
+                    "between the overlay and stock",
+                )
             elif counters.get("verify.updates"):
-                res.notes.append(f"verify: {counters['verify.updates']} updates checked, "
-                                 "0 mismatches")
+                res.notes.append(
+                    f"verify: {counters['verify.updates']} updates checked, 0 mismatches"
+                )
 
 
-def _timing(cfg: ABConfig, res: CaseResult, runs: list[ArmRun],
-            states: dict[int, tuple[str, Any]]) -> None:
+def _timing(
+    cfg: ABConfig, res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+) -> None:
     for arm in ("stock", "patched"):
         pooled: list[float] = []
         medians: list[float] = []
@@ -273,15 +307,18 @@ def _timing(cfg: ABConfig, res: CaseResult, runs: list[ArmRun],
             state, case = states[run.index]
             if run.arm != arm or state != "ok":
                 continue
-            samples = [ns / 1000.0 for ns in case.get("update_ns", [])[cfg.warmup:]]
+            samples = [ns / 1000.0 for ns in case.get("update_ns", [])[cfg.warmup :]]
             if not samples:
                 continue
             pooled += samples
             medians.append(statistics.median(samples))
         if pooled:
-            res.timing[arm] = ArmTiming(median_us=statistics.median(pooled),
-                                        p90_us=percentile(pooled, 90), n=len(pooled),
-                                        run_medians_us=medians)
+            res.timing[arm] = ArmTiming(
+                median_us=statistics.median(pooled),
+                p90_us=percentile(pooled, 90),
+                n=len(pooled),
+                run_medians_us=medians,
+            )
     st, pa = res.timing.get("stock"), res.timing.get("patched")
     if st and pa and st.median_us:
         res.ratio = pa.median_us / st.median_us
@@ -310,9 +347,16 @@ def summarize(cfg: ABConfig, runs: list[ArmRun]) -> Summary:
             verdict = CRASH
     ratio, noise = _overall_timing(cases)
     speed = speed_label(ratio, noise)
-    return Summary(verdict=verdict, exit_code=EXIT_CODES[verdict], cases=cases,
-                   runs=[r.summary() for r in runs], ratio=ratio, noise=noise, speed=speed,
-                   problems=problems)
+    return Summary(
+        verdict=verdict,
+        exit_code=EXIT_CODES[verdict],
+        cases=cases,
+        runs=[r.summary() for r in runs],
+        ratio=ratio,
+        noise=noise,
+        speed=speed,
+        problems=problems,
+    )
 
 
 def _overall_timing(cases: list[CaseResult]) -> tuple[float | None, float | None]:

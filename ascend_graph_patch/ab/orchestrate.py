@@ -104,12 +104,22 @@ class ArmRun:
     def summary(self) -> dict[str, Any]:
         res = self.result or {}
         return {
-            "index": self.index, "arm": self.arm, "mode": self.mode, "repeat": self.repeat,
-            "status": self.status, "returncode": self.returncode,
-            "seconds": round(self.seconds, 2), "error": self.error, "pid": res.get("pid"),
-            "cache_root": str(self.cache_root), "dir": str(self.dir), "log": str(self.log),
-            "mode_env_seen": res.get("mode_env"), "cache_root_seen": res.get("cache_root"),
-            "seed_seen": res.get("seed"), "overlay_status": res.get("status"),
+            "index": self.index,
+            "arm": self.arm,
+            "mode": self.mode,
+            "repeat": self.repeat,
+            "status": self.status,
+            "returncode": self.returncode,
+            "seconds": round(self.seconds, 2),
+            "error": self.error,
+            "pid": res.get("pid"),
+            "cache_root": str(self.cache_root),
+            "dir": str(self.dir),
+            "log": str(self.log),
+            "mode_env_seen": res.get("mode_env"),
+            "cache_root_seen": res.get("cache_root"),
+            "seed_seen": res.get("seed"),
+            "overlay_status": res.get("status"),
         }
 
 
@@ -130,8 +140,9 @@ def schedule(repeats: int, verify: bool) -> list[str]:
 
 def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
     """The environment of one arm: the caller's, minus our knobs, plus the arm's settings."""
-    env = {k: v for k, v in base.items()
-           if not k.startswith(_OWNED_PREFIX) or k in _KEEP_FROM_CALLER}
+    env = {
+        k: v for k, v in base.items() if not k.startswith(_OWNED_PREFIX) or k in _KEEP_FROM_CALLER
+    }
     env["ASCEND_GRAPH_PATCH"] = run.mode
     env["VLLM_CACHE_ROOT"] = str(run.cache_root)
     env["PYTHONHASHSEED"] = str(cfg.seed)
@@ -152,20 +163,38 @@ def plan_runs(cfg: ABConfig) -> list[ArmRun]:
     for index, arm in enumerate(order):
         seen[arm] = seen.get(arm, 0) + 1
         run_dir = cfg.out / "arms" / f"{index:02d}-{arm}"
-        runs.append(ArmRun(index=index, arm=arm, mode=ARM_MODES[arm], repeat=seen[arm] - 1,
-                           dir=run_dir, cache_root=cfg.out / "cache" / arm))
+        runs.append(
+            ArmRun(
+                index=index,
+                arm=arm,
+                mode=ARM_MODES[arm],
+                repeat=seen[arm] - 1,
+                dir=run_dir,
+                cache_root=cfg.out / "cache" / arm,
+            )
+        )
     return runs
 
 
 def spec_for(cfg: ABConfig, run: ArmRun) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "arm": run.arm, "mode": run.mode, "repeat": run.repeat, "workload": cfg.workload,
-        "cases": list(cfg.cases), "steps": cfg.steps, "seed": cfg.seed,
-        "eager_atol": cfg.eager_atol, "progress_total": cfg.units_per_run(),
+        "arm": run.arm,
+        "mode": run.mode,
+        "repeat": run.repeat,
+        "workload": cfg.workload,
+        "cases": list(cfg.cases),
+        "steps": cfg.steps,
+        "seed": cfg.seed,
+        "eager_atol": cfg.eager_atol,
+        "progress_total": cfg.units_per_run(),
     }
     if cfg.workload == "vllm":
-        spec.update(model=cfg.model, prompts=cfg.prompts, max_tokens=cfg.max_tokens,
-                    engine_args=list(cfg.engine_args))
+        spec.update(
+            model=cfg.model,
+            prompts=cfg.prompts,
+            max_tokens=cfg.max_tokens,
+            engine_args=list(cfg.engine_args),
+        )
     return spec
 
 
@@ -182,8 +211,9 @@ def run_arm(cfg: ABConfig, run: ArmRun, bar: Any = None, env: dict[str, str] | N
     """Start one worker, wait (with timeout, feeding the progress bar), classify the outcome."""
     run.dir.mkdir(parents=True, exist_ok=True)
     run.cache_root.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, progress_path = (run.dir / n for n in
-                                             ("spec.json", "result.json", "progress"))
+    spec_path, result_path, progress_path = (
+        run.dir / n for n in ("spec.json", "result.json", "progress")
+    )
     for stale in (result_path, progress_path):
         stale.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec_for(cfg, run), indent=1))
@@ -191,14 +221,26 @@ def run_arm(cfg: ABConfig, run: ArmRun, bar: Any = None, env: dict[str, str] | N
     if cfg.worker_cmd is None and module is None:
         raise RuntimeError(f"no A/B worker for workload {cfg.workload!r} is installed")
     cmd = list(cfg.worker_cmd or [sys.executable, "-m", str(module)])
-    cmd += ["--spec", str(spec_path), "--result", str(result_path), "--progress",
-            str(progress_path)]
+    cmd += [
+        "--spec",
+        str(spec_path),
+        "--result",
+        str(result_path),
+        "--progress",
+        str(progress_path),
+    ]
     run_env = arm_env(dict(os.environ if env is None else env), cfg, run)
     started = time.monotonic()
     shown = 0
     with open(run.log, "wb") as log:
-        proc = subprocess.Popen(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=run_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         timed_out = False
         while True:
             try:

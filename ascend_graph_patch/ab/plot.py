@@ -18,8 +18,7 @@ def update_time(cfg: ABConfig, summary: Summary, runs: list[Any], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5),
-                                   gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2.2, 1]})
     boundaries: list[tuple[int, str]] = []
     labelled: set[str] = set()
     for run in runs:
@@ -44,8 +43,16 @@ def update_time(cfg: ABConfig, summary: Summary, runs: list[Any], path: Path) ->
         ax1.plot(xs, ys, ".", ms=3, alpha=0.6, color=_COLORS.get(run.arm), label=label)
     for x0, name in boundaries:
         ax1.axvline(x0, color="0.85", lw=0.8)
-        ax1.text(x0, 1.0, " " + name, transform=ax1.get_xaxis_transform(), fontsize=7,
-                 rotation=90, va="top", color="0.4")
+        ax1.text(
+            x0,
+            1.0,
+            " " + name,
+            transform=ax1.get_xaxis_transform(),
+            fontsize=7,
+            rotation=90,
+            va="top",
+            color="0.4",
+        )
     ax1.set_yscale("log")
     ax1.set_xlabel("replay step (cases back to back)")
     ax1.set_ylabel("host update time per step [us]")

@@ -62,8 +62,9 @@ def read_progress(path: Path) -> int:
         return 0
 
 
-def worker_main(run: Callable[[dict[str, Any], Progress, Path], dict[str, Any]],
-                argv: list[str] | None = None) -> int:
+def worker_main(
+    run: Callable[[dict[str, Any], Progress, Path], dict[str, Any]], argv: list[str] | None = None
+) -> int:
     """Common ``main`` of a worker: parse the protocol options, run, write the result.
 
     An exception escaping ``run`` is a crash of the arm: it is still written into the result
@@ -90,8 +91,12 @@ def worker_main(run: Callable[[dict[str, Any], Progress, Path], dict[str, Any]],
     try:
         body = run(spec, progress, result_path.parent)
     except BaseException as exc:  # noqa: BLE001 - reported, then the arm exits non-zero
-        base.update(ok=False, fatal=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc(), seconds=time.time() - started)
+        base.update(
+            ok=False,
+            fatal=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            seconds=time.time() - started,
+        )
         write_json_atomic(result_path, base)
         return 1
     base.update(body)

@@ -11,8 +11,20 @@ from typing import Any
 from ascend_graph_patch.ab.compare import PASS, PASS_KNOWN, CaseResult, Summary
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
-COLUMNS = ("scenario", "stock", "patched", "verify", "tokens", "logits |d|", "eager |d|",
-           "stock us", "patched us", "ratio", "A-A", "verdict")
+COLUMNS = (
+    "scenario",
+    "stock",
+    "patched",
+    "verify",
+    "tokens",
+    "logits |d|",
+    "eager |d|",
+    "stock us",
+    "patched us",
+    "ratio",
+    "A-A",
+    "verdict",
+)
 
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
@@ -29,11 +41,20 @@ def _us(case: CaseResult, arm: str) -> str:
 def rows(summary: Summary, with_verify: bool) -> list[list[str]]:
     out = []
     for c in summary.cases:
-        row = [c.name, c.arms.get("stock", "-"), c.arms.get("patched", "-"),
-               c.arms.get("verify", "-"), c.tokens, _num(c.logits_max_abs),
-               _num(c.eager_max_abs), _us(c, "stock"), _us(c, "patched"),
-               "-" if c.ratio is None else f"{c.ratio:.2f}x",
-               "-" if c.noise is None else f"{c.noise:.1%}", c.verdict]
+        row = [
+            c.name,
+            c.arms.get("stock", "-"),
+            c.arms.get("patched", "-"),
+            c.arms.get("verify", "-"),
+            c.tokens,
+            _num(c.logits_max_abs),
+            _num(c.eager_max_abs),
+            _us(c, "stock"),
+            _us(c, "patched"),
+            "-" if c.ratio is None else f"{c.ratio:.2f}x",
+            "-" if c.noise is None else f"{c.noise:.1%}",
+            c.verdict,
+        ]
         if not with_verify:
             del row[3]
         out.append(row)
@@ -60,8 +81,10 @@ def verdict_line(summary: Summary) -> str:
     good = sum(c.verdict in (PASS, PASS_KNOWN) for c in summary.cases)
     known = sum(c.verdict == PASS_KNOWN for c in summary.cases)
     extra = f", {known} where stock fails (known)" if known else ""
-    return (f"VERDICT: {summary.verdict}  ({good}/{n} cases pass{extra}; "
-            f"host update time: {summary.speed})")
+    return (
+        f"VERDICT: {summary.verdict}  ({good}/{n} cases pass{extra}; "
+        f"host update time: {summary.speed})"
+    )
 
 
 def text_table(cfg: ABConfig, summary: Summary) -> str:
@@ -74,8 +97,10 @@ def text_table(cfg: ABConfig, summary: Summary) -> str:
         return "  ".join(str(v).ljust(w) for v, w in zip(cells, widths, strict=True)).rstrip()
 
     out = [title(cfg)]
-    out.append("arms: " + ", ".join(f"{r['arm']}({r['status']}, {r['seconds']:.0f}s)"
-                                    for r in summary.runs))
+    out.append(
+        "arms: "
+        + ", ".join(f"{r['arm']}({r['status']}, {r['seconds']:.0f}s)" for r in summary.runs)
+    )
     out.append(line(cols))
     out.append(line(["-" * w for w in widths]))
     out += [line(r) for r in body]
@@ -95,17 +120,27 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     header = " | ".join(c.replace("|", "\\|") for c in cols)
     md += ["## Cases", "", f"| {header} |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |" for r in body]
-    md += ["", "Host update time: microseconds per replay step (median, p90) of the runner's "
-           f"update call, first {cfg.warmup} step(s) of each case excluded; ratio = patched / "
-           "stock; A-A = largest relative spread of per-run medians within one arm (noise floor)."]
+    md += [
+        "",
+        "Host update time: microseconds per replay step (median, p90) of the runner's "
+        f"update call, first {cfg.warmup} step(s) of each case excluded; ratio = patched / "
+        "stock; A-A = largest relative spread of per-run medians within one arm (noise floor).",
+    ]
     notes = [(c.name, n) for c in summary.cases for n in c.notes]
     if notes:
         md += ["", "## Notes", ""] + [f"- {name}: {n}" for name, n in notes]
-    md += ["", "## Arms (in run order)", "", "| # | arm | ASCEND_GRAPH_PATCH | status | seconds "
-           "| pid | VLLM_CACHE_ROOT |", "|---|---|---|---|---|---|---|"]
+    md += [
+        "",
+        "## Arms (in run order)",
+        "",
+        "| # | arm | ASCEND_GRAPH_PATCH | status | seconds | pid | VLLM_CACHE_ROOT |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in summary.runs:
-        md.append(f"| {r['index']} | {r['arm']} | {r['mode']} | {r['status']} | "
-                  f"{r['seconds']:.1f} | {r['pid'] or '-'} | `{r['cache_root']}` |")
+        md.append(
+            f"| {r['index']} | {r['arm']} | {r['mode']} | {r['status']} | "
+            f"{r['seconds']:.1f} | {r['pid'] or '-'} | `{r['cache_root']}` |"
+        )
     if plot_name:
         md += ["", f"![per-step host update time]({plot_name})"]
     return "\n".join(md) + "\n"
@@ -113,10 +148,19 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
 
 def config_json(cfg: ABConfig) -> dict[str, Any]:
     return {
-        "workload": cfg.workload, "cases": cfg.cases, "steps": cfg.steps, "seed": cfg.seed,
-        "repeats": cfg.repeats, "verify": cfg.verify, "timeout": cfg.timeout,
-        "warmup": cfg.warmup, "atol": cfg.atol, "eager_atol": cfg.eager_atol,
-        "model": cfg.model, "max_tokens": cfg.max_tokens, "engine_args": cfg.engine_args,
+        "workload": cfg.workload,
+        "cases": cfg.cases,
+        "steps": cfg.steps,
+        "seed": cfg.seed,
+        "repeats": cfg.repeats,
+        "verify": cfg.verify,
+        "timeout": cfg.timeout,
+        "warmup": cfg.warmup,
+        "atol": cfg.atol,
+        "eager_atol": cfg.eager_atol,
+        "model": cfg.model,
+        "max_tokens": cfg.max_tokens,
+        "engine_args": cfg.engine_args,
         "prompts": len(cfg.prompts) if cfg.prompts else None,
     }
 

@@ -64,7 +64,9 @@ def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[
     kwargs.setdefault("seed", int(spec["seed"]))
     llm = LLM(model=spec["model"], **kwargs)
     params = SamplingParams(
-        temperature=0.0, max_tokens=int(spec.get("max_tokens", 64)), seed=int(spec["seed"]),
+        temperature=0.0,
+        max_tokens=int(spec.get("max_tokens", 64)),
+        seed=int(spec["seed"]),
         logprobs=1,
     )
     prompts = list(spec.get("prompts") or DEFAULT_PROMPTS)
@@ -93,8 +95,11 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
     except Exception as exc:  # noqa: BLE001 - recorded; the orchestrator decides what it means
         import traceback
 
-        case.update(status="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0],
-                    traceback=traceback.format_exc())
+        case.update(
+            status="error",
+            error=f"{type(exc).__name__}: {exc}".splitlines()[0],
+            traceback=traceback.format_exc(),
+        )
         outputs = []
     by_prompt = {o.prompt: o for o in outputs}
     for prompt in prompts:

@@ -16,20 +16,53 @@ V2_EAGLE = "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph"
 _CAP = "ascend_graph_patch.aspects.capture_v2"
 
 V2_ASPECTS: tuple[Aspect, ...] = (
-    Aspect("capture.v2.graph", "v2", V2_UTILS, "torch_npu_graph_wrapper", f"{_CAP}:graph_context",
-           "one capture scope per FULL graph (args[0]); must be wrapped before torch_cuda_wrapper "
-           "copies it into torch.cuda.graph at runner init"),
-    Aspect("capture.v2.model", "v2", V2_ACL, "ModelAclGraphManager.capture",
-           f"{_CAP}:manager_capture",
-           "target capture session; graphs keyed by BatchExecutionDescriptor (manager.graphs)"),
-    Aspect("replay.v2.model", "v2", V2_ACL, "ModelAclGraphManager.run_fullgraph",
-           f"{_CAP}:run_fullgraph",
-           "v2 updates run with batch_descriptor=None: name (role, desc) for the update seam"),
-    Aspect("capture.v2.draft_prefill", "v2", V2_EAGLE, "PrefillEagleAclGraphManager.capture",
-           f"{_CAP}:manager_capture", "draft prefill capture session"),
-    Aspect("replay.v2.draft_prefill", "v2", V2_EAGLE, "PrefillEagleAclGraphManager.run_fullgraph",
-           f"{_CAP}:run_fullgraph", "name (draft_prefill, desc) for the update seam"),
-    Aspect("capture.v2.draft_decode", "v2", V2_EAGLE, "DecodeEagleCudaGraphManager.capture",
-           f"{_CAP}:decode_capture",
-           "upstream draft decode graphs: left to stock, refused per graph with the reason"),
-)  # fmt: skip
+    Aspect(
+        "capture.v2.graph",
+        "v2",
+        V2_UTILS,
+        "torch_npu_graph_wrapper",
+        f"{_CAP}:graph_context",
+        "one capture scope per FULL graph (args[0]); must be wrapped before torch_cuda_wrapper "
+        "copies it into torch.cuda.graph at runner init",
+    ),
+    Aspect(
+        "capture.v2.model",
+        "v2",
+        V2_ACL,
+        "ModelAclGraphManager.capture",
+        f"{_CAP}:manager_capture",
+        "target capture session; graphs keyed by BatchExecutionDescriptor (manager.graphs)",
+    ),
+    Aspect(
+        "replay.v2.model",
+        "v2",
+        V2_ACL,
+        "ModelAclGraphManager.run_fullgraph",
+        f"{_CAP}:run_fullgraph",
+        "v2 updates run with batch_descriptor=None: name (role, desc) for the update seam",
+    ),
+    Aspect(
+        "capture.v2.draft_prefill",
+        "v2",
+        V2_EAGLE,
+        "PrefillEagleAclGraphManager.capture",
+        f"{_CAP}:manager_capture",
+        "draft prefill capture session",
+    ),
+    Aspect(
+        "replay.v2.draft_prefill",
+        "v2",
+        V2_EAGLE,
+        "PrefillEagleAclGraphManager.run_fullgraph",
+        f"{_CAP}:run_fullgraph",
+        "name (draft_prefill, desc) for the update seam",
+    ),
+    Aspect(
+        "capture.v2.draft_decode",
+        "v2",
+        V2_EAGLE,
+        "DecodeEagleCudaGraphManager.capture",
+        f"{_CAP}:decode_capture",
+        "upstream draft decode graphs: left to stock, refused per graph with the reason",
+    ),
+)

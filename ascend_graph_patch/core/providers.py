@@ -77,8 +77,15 @@ class PAProvider:
     @staticmethod
     def signature_of(template: dict[str, Any]) -> int:
         query, key_cache = template["query"], template["key_cache"]
-        return shape_key((tuple(query.shape), query.dtype, tuple(key_cache.shape),
-                          template["num_kv_heads"], template["num_heads"]))  # fmt: skip
+        return shape_key(
+            (
+                tuple(query.shape),
+                query.dtype,
+                tuple(key_cache.shape),
+                template["num_kv_heads"],
+                template["num_heads"],
+            )
+        )
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
         context_lens = metadata.seq_lens

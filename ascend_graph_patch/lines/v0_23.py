@@ -28,20 +28,57 @@ UPDATE_PARAMS = (
 )
 
 FIA_FIELDS = (
-    "query", "key", "value", "block_table", "attn_mask", "block_size", "actual_seq_lengths_kv",
-    "actual_seq_lengths_q", "num_kv_heads", "num_heads", "scale", "output", "softmax_lse",
-    "sparse_mode", "pre_tokens", "next_tokens", "sliding_window", "c8_k_aq_scale",
-    "c8_k_aq_offset", "c8_v_aq_scale", "c8_v_aq_offset", "layer_name",
-)  # fmt: skip
-FIA_V2_FIELDS = (
-    "query", "key", "value", "block_table", "attn_mask", "block_size", "actual_seq_lengths_kv",
-    "num_kv_heads", "num_heads", "scale", "sliding_window", "sinks", "output", "softmax_lse",
+    "query",
+    "key",
+    "value",
+    "block_table",
+    "attn_mask",
+    "block_size",
+    "actual_seq_lengths_kv",
+    "actual_seq_lengths_q",
+    "num_kv_heads",
+    "num_heads",
+    "scale",
+    "output",
+    "softmax_lse",
+    "sparse_mode",
+    "pre_tokens",
+    "next_tokens",
+    "sliding_window",
+    "c8_k_aq_scale",
+    "c8_k_aq_offset",
+    "c8_v_aq_scale",
+    "c8_v_aq_offset",
     "layer_name",
-)  # fmt: skip
+)
+FIA_V2_FIELDS = (
+    "query",
+    "key",
+    "value",
+    "block_table",
+    "attn_mask",
+    "block_size",
+    "actual_seq_lengths_kv",
+    "num_kv_heads",
+    "num_heads",
+    "scale",
+    "sliding_window",
+    "sinks",
+    "output",
+    "softmax_lse",
+    "layer_name",
+)
 PA_FIELDS = (
-    "query", "key_cache", "value_cache", "num_kv_heads", "num_heads", "scale", "block_tables",
-    "seq_lens", "output",
-)  # fmt: skip
+    "query",
+    "key_cache",
+    "value_cache",
+    "num_kv_heads",
+    "num_heads",
+    "scale",
+    "block_tables",
+    "seq_lens",
+    "output",
+)
 
 
 def fields_of(kind: str, captured: tuple) -> dict[str, Any]:
@@ -125,20 +162,65 @@ V1_CHECKS = (
     Check("signature", ACL, "update_full_graph_params", ("attn_backend", *UPDATE_PARAMS)),
     Check("signature", ATTN, f"{IMPL}.update_graph_params", UPDATE_PARAMS),
     Check("fields", ACL, "GraphParams", ("events", "workspaces", "handles", "attn_params")),
-    Check("has", ACL, "", ("get_graph_params", "get_draft_graph_params",
-                           "get_draft_graph_prefill_params", "ACLGraphWrapper")),  # fmt: skip
-    Check("source", ACL, "ACLGraphWrapper.__call__",
-          ("concrete_aclgraph_entries", "entry.aclgraph", "replay()")),  # fmt: skip
-    Check("has", ATTN, IMPL, ("full_graph_fia", "full_graph_fia_v2", "full_graph_pa",
-                              "_graph_metadata_layer_name", "forward")),  # fmt: skip
-    Check("signature", ATTN, f"{IMPL}.full_graph_fia",
-          ("self", "query", "key", "value", "attn_metadata", "output", "layer")),  # fmt: skip
-    Check("signature", ATTN, f"{IMPL}.full_graph_fia_v2",
-          ("self", "query", "key", "value", "attn_metadata", "output")),  # fmt: skip
+    Check(
+        "has",
+        ACL,
+        "",
+        (
+            "get_graph_params",
+            "get_draft_graph_params",
+            "get_draft_graph_prefill_params",
+            "ACLGraphWrapper",
+        ),
+    ),
+    Check(
+        "source",
+        ACL,
+        "ACLGraphWrapper.__call__",
+        ("concrete_aclgraph_entries", "entry.aclgraph", "replay()"),
+    ),
+    Check(
+        "has",
+        ATTN,
+        IMPL,
+        (
+            "full_graph_fia",
+            "full_graph_fia_v2",
+            "full_graph_pa",
+            "_graph_metadata_layer_name",
+            "forward",
+        ),
+    ),
+    Check(
+        "signature",
+        ATTN,
+        f"{IMPL}.full_graph_fia",
+        ("self", "query", "key", "value", "attn_metadata", "output", "layer"),
+    ),
+    Check(
+        "signature",
+        ATTN,
+        f"{IMPL}.full_graph_fia_v2",
+        ("self", "query", "key", "value", "attn_metadata", "output"),
+    ),
     Check("signature", ATTN, f"{IMPL}.full_graph_pa", ("self", "query", "attn_metadata", "output")),
-    Check("signature", ATTN, f"{IMPL}.forward",
-          ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output",
-           "output_scale", "output_block_scale")),  # fmt: skip
+    Check(
+        "signature",
+        ATTN,
+        f"{IMPL}.forward",
+        (
+            "self",
+            "layer",
+            "query",
+            "key",
+            "value",
+            "kv_cache",
+            "attn_metadata",
+            "output",
+            "output_scale",
+            "output_block_scale",
+        ),
+    ),
     Check("has", ATTN, "", ("SWA_INT_MAX", "AscendMetadata")),
     Check("absent", ATTN_UTILS, "PagedAttentionGraphParam"),
 )
@@ -154,20 +236,44 @@ V2_CHECKS = (
     Check("has", V2_UTILS, "", ("torch_npu_graph_wrapper", "torch_cuda_wrapper")),
     Check("signature", V2_ACL, "ModelAclGraphManager.run_fullgraph", ("self", "desc")),
     Check("signature", V2_EAGLE, "PrefillEagleAclGraphManager.run_fullgraph", ("self", "desc")),
-    Check("signature", V2_EAGLE, "PrefillEagleAclGraphManager.capture",
-          ("self", "forward_fn", "attn_states", "progress_bar_desc")),  # fmt: skip
+    Check(
+        "signature",
+        V2_EAGLE,
+        "PrefillEagleAclGraphManager.capture",
+        ("self", "forward_fn", "attn_states", "progress_bar_desc"),
+    ),
     Check("signature", V2_UTILS, "torch_npu_graph_wrapper", ("args", "kwargs")),
-    Check("source", V2_UTILS, "torch_cuda_wrapper",
-          ("torch.cuda.graph = torch_npu_graph_wrapper",)),  # fmt: skip
-    Check("source", V2_ACL, "ModelAclGraphManager.run_fullgraph",
-          ("super().run_fullgraph(desc)", "update_full_graph_params", "batch_descriptor=None")),
-    Check("source", V2_EAGLE, "PrefillEagleAclGraphManager.run_fullgraph",
-          ("build_draft_attn_metadatas", "super().run_fullgraph(desc)",
-           "draft_attn_metadatas=draft_attn_metadatas")),  # fmt: skip
-    Check("source", V2_CG, "CudaGraphManager.capture",
-          ("torch.cuda.CUDAGraph()", "torch.cuda.graph(graph", "self.graphs[desc] = graph")),
-    Check("fields", V2_CG, "BatchExecutionDescriptor",
-          ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count")),
+    Check(
+        "source", V2_UTILS, "torch_cuda_wrapper", ("torch.cuda.graph = torch_npu_graph_wrapper",)
+    ),
+    Check(
+        "source",
+        V2_ACL,
+        "ModelAclGraphManager.run_fullgraph",
+        ("super().run_fullgraph(desc)", "update_full_graph_params", "batch_descriptor=None"),
+    ),
+    Check(
+        "source",
+        V2_EAGLE,
+        "PrefillEagleAclGraphManager.run_fullgraph",
+        (
+            "build_draft_attn_metadatas",
+            "super().run_fullgraph(desc)",
+            "draft_attn_metadatas=draft_attn_metadatas",
+        ),
+    ),
+    Check(
+        "source",
+        V2_CG,
+        "CudaGraphManager.capture",
+        ("torch.cuda.CUDAGraph()", "torch.cuda.graph(graph", "self.graphs[desc] = graph"),
+    ),
+    Check(
+        "fields",
+        V2_CG,
+        "BatchExecutionDescriptor",
+        ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count"),
+    ),
 )
 
 LINE = Line(

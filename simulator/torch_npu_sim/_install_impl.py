@@ -222,8 +222,13 @@ def _npu_namespace(torch: Any) -> dict[str, Any]:
 
     def get_device_properties(_d: Any = None) -> _DeviceProperties:
         return _DeviceProperties(
-            name="Ascend910B1 (simulated)", total_memory=total, multi_processor_count=24,
-            cube_core_num=24, vector_core_num=48, major=2, minor=2,
+            name="Ascend910B1 (simulated)",
+            total_memory=total,
+            multi_processor_count=24,
+            cube_core_num=24,
+            vector_core_num=48,
+            major=2,
+            minor=2,
         )
 
     ns: dict[str, Any] = {
@@ -279,8 +284,9 @@ class _MemPool:
 
 
 class _NPUPluggableAllocator:
-    def __init__(self, path_to_so_file: str = "", alloc_fn_name: str = "",
-                 free_fn_name: str = "") -> None:
+    def __init__(
+        self, path_to_so_file: str = "", alloc_fn_name: str = "", free_fn_name: str = ""
+    ) -> None:
         self.path = path_to_so_file
 
     def allocator(self) -> None:
@@ -368,9 +374,15 @@ def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
 def _attach_ops(mod: types.ModuleType) -> None:
     for name in _UNSIMULATED:
         if name in _UNSIMULATED_OUT:
-            setattr(mod, name, runtime.make_op(name, _unsupported_op(name),
-                                               runtime.make_op(name + ".out",
-                                                               _unsupported_op(name + ".out"))))
+            setattr(
+                mod,
+                name,
+                runtime.make_op(
+                    name,
+                    _unsupported_op(name),
+                    runtime.make_op(name + ".out", _unsupported_op(name + ".out")),
+                ),
+            )
         else:
             setattr(mod, name, runtime.make_op(name, _unsupported_op(name)))
     for name in _UNSIMULATED_HOST:
@@ -395,39 +407,77 @@ def _build(torch: Any) -> types.ModuleType:
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
     mod = _module(
-        "torch_npu", package=True, __version__=SIM_VERSION, __simulated__=True, Format=Format,
-        SimulatorError=SimulatorError, _sim_runtime=runtime,
+        "torch_npu",
+        package=True,
+        __version__=SIM_VERSION,
+        __simulated__=True,
+        Format=Format,
+        SimulatorError=SimulatorError,
+        _sim_runtime=runtime,
         get_npu_format=lambda _t: int(Format.ND),
         npu_format_cast=lambda t, *_a, **_k: t,
-        empty_with_format=lambda size, *a, dtype=None, device=None, acl_format=None, **k:
-            torch.empty(size, dtype=dtype),
+        empty_with_format=lambda size, *a, dtype=None, device=None, acl_format=None, **k: (
+            torch.empty(size, dtype=dtype)
+        ),
     )
     _attach_ops(mod)
     npu = _module("torch_npu.npu", package=True, **_npu_namespace(torch))
-    _module("torch_npu.npu.memory", NPUPluggableAllocator=_NPUPluggableAllocator,
-            use_mem_pool=_use_mem_pool, MemPool=_MemPool, memory_snapshot=lambda: [],
-            empty_cache=npu.empty_cache, memory_stats=npu.memory_stats)
+    _module(
+        "torch_npu.npu.memory",
+        NPUPluggableAllocator=_NPUPluggableAllocator,
+        use_mem_pool=_use_mem_pool,
+        MemPool=_MemPool,
+        memory_snapshot=lambda: [],
+        empty_cache=npu.empty_cache,
+        memory_stats=npu.memory_stats,
+    )
     _module("torch_npu.npu.config", allow_internal_format=False)
-    _module("torch_npu.npu.graphs", NPUGraph=runtime.NPUGraph, graph=runtime.graph,
-            graph_pool_handle=runtime.graph_pool_handle)
-    _module("torch_npu.npu.streams", Stream=runtime.Stream, Event=runtime.Event,
-            ExternalEvent=runtime.ExternalEvent)
-    _module("torch_npu._C", package=True, _NPUTaskGroupHandle=runtime._NPUTaskGroupHandle,
-            _weak_ref_tensor=_weak_ref_tensor)
+    _module(
+        "torch_npu.npu.graphs",
+        NPUGraph=runtime.NPUGraph,
+        graph=runtime.graph,
+        graph_pool_handle=runtime.graph_pool_handle,
+    )
+    _module(
+        "torch_npu.npu.streams",
+        Stream=runtime.Stream,
+        Event=runtime.Event,
+        ExternalEvent=runtime.ExternalEvent,
+    )
+    _module(
+        "torch_npu._C",
+        package=True,
+        _NPUTaskGroupHandle=runtime._NPUTaskGroupHandle,
+        _weak_ref_tensor=_weak_ref_tensor,
+    )
     _module("torch_npu._C._distributed_c10d", ProcessGroupHCCL=_ProcessGroupHCCL)
-    _module("torch_npu.profiler", package=True, profile=_Profile, ProfilerLevel=_ProfilerLevel,
-            ProfilerActivity=_ProfilerActivity, ExportType=_ExportType, AiCMetrics=_AiCMetrics,
-            _ExperimentalConfig=_ExperimentalConfig,
-            tensorboard_trace_handler=lambda *a, **k: (lambda *_a, **_k: None),
-            schedule=lambda *a, **k: (lambda *_a, **_k: None),
-            supported_activities=lambda: [_ProfilerActivity.CPU])
-    _module("torch_npu.profiler.dynamic_profile", init=lambda *a, **k: None,
-            step=lambda *a, **k: None, start=lambda *a, **k: None)
+    _module(
+        "torch_npu.profiler",
+        package=True,
+        profile=_Profile,
+        ProfilerLevel=_ProfilerLevel,
+        ProfilerActivity=_ProfilerActivity,
+        ExportType=_ExportType,
+        AiCMetrics=_AiCMetrics,
+        _ExperimentalConfig=_ExperimentalConfig,
+        tensorboard_trace_handler=lambda *a, **k: lambda *_a, **_k: None,
+        schedule=lambda *a, **k: lambda *_a, **_k: None,
+        supported_activities=lambda: [_ProfilerActivity.CPU],
+    )
+    _module(
+        "torch_npu.profiler.dynamic_profile",
+        init=lambda *a, **k: None,
+        step=lambda *a, **k: None,
+        start=lambda *a, **k: None,
+    )
     _module("torch_npu.op_plugin", package=True)
     _module("torch_npu.op_plugin.atb", package=True)
     _module("torch_npu.op_plugin.atb._atb_ops", _register_atb_extensions=lambda: None)
-    _module("torch_npu.atb", package=True,
-            npu_paged_cache_load=_unsupported_op("atb.npu_paged_cache_load"))
+    _module(
+        "torch_npu.atb",
+        package=True,
+        npu_paged_cache_load=_unsupported_op("atb.npu_paged_cache_load"),
+    )
     _module("torch_npu.multiprocessing", package=True)
 
     def rebuild_npu_tensor(*_a: Any, **_k: Any) -> Any:

@@ -67,8 +67,13 @@ def _eager_compare(graph: Any, eager: Any, atol: float) -> tuple[int, int, float
     return mismatches, ties, diff
 
 
-def run_case(scenario: Any, spec: dict[str, Any], timer: timing.UpdateTimer, progress: Progress,
-             out_dir: Path) -> dict[str, Any]:
+def run_case(
+    scenario: Any,
+    spec: dict[str, Any],
+    timer: timing.UpdateTimer,
+    progress: Progress,
+    out_dir: Path,
+) -> dict[str, Any]:
     """All steps of one scenario; an exception is recorded on the case, not raised."""
     from torch_npu_sim.harness.target import SimEngine
 
@@ -155,8 +160,15 @@ def _status() -> dict[str, Any]:
         snap = status.snapshot()
     except Exception as exc:  # noqa: BLE001 - the report shows it, the arm goes on
         return {"error": repr(exc)}
-    keep = ("mode", "simulator", "gate", "aspects_installed", "aspects_effective",
-            "graphs_owned", "counters")
+    keep = (
+        "mode",
+        "simulator",
+        "gate",
+        "aspects_installed",
+        "aspects_effective",
+        "graphs_owned",
+        "counters",
+    )
     return {k: snap.get(k) for k in keep}
 
 

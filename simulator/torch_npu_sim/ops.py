@@ -692,15 +692,45 @@ def npu_fused_infer_attention_score(
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA v1: returns ``(attention_out, softmax_lse)`` (LSE only if the flag is set)."""
     res, lse = _fia_v1_body(
-        query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,
-        dequant_scale1, quant_scale1, dequant_scale2, quant_scale2, quant_offset2,
-        antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
-        value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size,
-        kv_padding_size, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len,
-        query_rope, key_rope, key_rope_antiquant_scale, num_heads, scale, pre_tokens,
-        next_tokens, input_layout, num_key_value_heads, sparse_mode, block_size, antiquant_mode,
-        key_antiquant_mode, value_antiquant_mode,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        pse_shift,
+        atten_mask,
+        actual_seq_lengths,
+        actual_seq_lengths_kv,
+        dequant_scale1,
+        quant_scale1,
+        dequant_scale2,
+        quant_scale2,
+        quant_offset2,
+        antiquant_scale,
+        antiquant_offset,
+        key_antiquant_scale,
+        key_antiquant_offset,
+        value_antiquant_scale,
+        value_antiquant_offset,
+        block_table,
+        query_padding_size,
+        kv_padding_size,
+        key_shared_prefix,
+        value_shared_prefix,
+        actual_shared_prefix_len,
+        query_rope,
+        key_rope,
+        key_rope_antiquant_scale,
+        num_heads,
+        scale,
+        pre_tokens,
+        next_tokens,
+        input_layout,
+        num_key_value_heads,
+        sparse_mode,
+        block_size,
+        antiquant_mode,
+        key_antiquant_mode,
+        value_antiquant_mode,
+    )
     return res.to(query.dtype), _lse_return(lse, softmax_lse_flag, query)
 
 
@@ -752,15 +782,45 @@ def npu_fused_infer_attention_score_out(
     """``npu_fused_infer_attention_score.out``: writes ``out=[attention_out, softmax_lse]``."""
     _check_workspace(workspace, query, query_rope)
     res, lse = _fia_v1_body(
-        query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,
-        dequant_scale1, quant_scale1, dequant_scale2, quant_scale2, quant_offset2,
-        antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
-        value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size,
-        kv_padding_size, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len,
-        query_rope, key_rope, key_rope_antiquant_scale, num_heads, scale, pre_tokens,
-        next_tokens, input_layout, num_key_value_heads, sparse_mode, block_size, antiquant_mode,
-        key_antiquant_mode, value_antiquant_mode,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        pse_shift,
+        atten_mask,
+        actual_seq_lengths,
+        actual_seq_lengths_kv,
+        dequant_scale1,
+        quant_scale1,
+        dequant_scale2,
+        quant_scale2,
+        quant_offset2,
+        antiquant_scale,
+        antiquant_offset,
+        key_antiquant_scale,
+        key_antiquant_offset,
+        value_antiquant_scale,
+        value_antiquant_offset,
+        block_table,
+        query_padding_size,
+        kv_padding_size,
+        key_shared_prefix,
+        value_shared_prefix,
+        actual_shared_prefix_len,
+        query_rope,
+        key_rope,
+        key_rope_antiquant_scale,
+        num_heads,
+        scale,
+        pre_tokens,
+        next_tokens,
+        input_layout,
+        num_key_value_heads,
+        sparse_mode,
+        block_size,
+        antiquant_mode,
+        key_antiquant_mode,
+        value_antiquant_mode,
+    )
     return _write_out(out, res, lse)
 
 
@@ -892,13 +952,37 @@ def npu_fused_infer_attention_score_v2(
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA v2 (``learnable_sink`` = GPT-OSS sinks); returns ``(out, softmax_lse)``."""
     res, lse = _fia_v2_body(
-        query, key, value, query_rope, key_rope, pse_shift, atten_mask, actual_seq_qlen,
-        actual_seq_kvlen, block_table, dequant_scale_query, dequant_scale_key,
-        dequant_offset_key, dequant_scale_value, dequant_offset_value, dequant_scale_key_rope,
-        quant_scale_out, quant_offset_out, learnable_sink, num_query_heads, num_key_value_heads,
-        softmax_scale, pre_tokens, next_tokens, input_layout, sparse_mode, block_size,
-        query_quant_mode, key_quant_mode, value_quant_mode,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        query_rope,
+        key_rope,
+        pse_shift,
+        atten_mask,
+        actual_seq_qlen,
+        actual_seq_kvlen,
+        block_table,
+        dequant_scale_query,
+        dequant_scale_key,
+        dequant_offset_key,
+        dequant_scale_value,
+        dequant_offset_value,
+        dequant_scale_key_rope,
+        quant_scale_out,
+        quant_offset_out,
+        learnable_sink,
+        num_query_heads,
+        num_key_value_heads,
+        softmax_scale,
+        pre_tokens,
+        next_tokens,
+        input_layout,
+        sparse_mode,
+        block_size,
+        query_quant_mode,
+        key_quant_mode,
+        value_quant_mode,
+    )
     return res.to(query.dtype), _lse_return(lse, return_softmax_lse, query)
 
 
@@ -953,13 +1037,37 @@ def npu_fused_infer_attention_score_v2_out(
     """``npu_fused_infer_attention_score_v2.out``: writes ``out=[attention_out, softmax_lse]``."""
     _check_workspace(workspace, query, query_rope)
     res, lse = _fia_v2_body(
-        query, key, value, query_rope, key_rope, pse_shift, atten_mask, actual_seq_qlen,
-        actual_seq_kvlen, block_table, dequant_scale_query, dequant_scale_key,
-        dequant_offset_key, dequant_scale_value, dequant_offset_value, dequant_scale_key_rope,
-        quant_scale_out, quant_offset_out, learnable_sink, num_query_heads, num_key_value_heads,
-        softmax_scale, pre_tokens, next_tokens, input_layout, sparse_mode, block_size,
-        query_quant_mode, key_quant_mode, value_quant_mode,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        query_rope,
+        key_rope,
+        pse_shift,
+        atten_mask,
+        actual_seq_qlen,
+        actual_seq_kvlen,
+        block_table,
+        dequant_scale_query,
+        dequant_scale_key,
+        dequant_offset_key,
+        dequant_scale_value,
+        dequant_offset_value,
+        dequant_scale_key_rope,
+        quant_scale_out,
+        quant_offset_out,
+        learnable_sink,
+        num_query_heads,
+        num_key_value_heads,
+        softmax_scale,
+        pre_tokens,
+        next_tokens,
+        input_layout,
+        sparse_mode,
+        block_size,
+        query_quant_mode,
+        key_quant_mode,
+        value_quant_mode,
+    )
     return _write_out(out, res, lse)
 
 
@@ -981,8 +1089,9 @@ def _bind(fn: Callable[..., Any], query: Tensor, key: Tensor, value: Tensor, kw:
 # --------------------------------------------------------------------------------------------------
 
 
-def _pa_compute(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-                context_lens) -> Tensor:  # fmt: skip
+def _pa_compute(
+    query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table, context_lens
+) -> Tensor:
     t = query.shape[0]
     q3 = query.reshape(t, num_heads, -1)
     lens = _lens(context_lens)
@@ -998,10 +1107,18 @@ def _pa_compute(query, key_cache, value_cache, num_kv_heads, num_heads, scale_va
         kv_lens=lens,
     )
     res, _ = _attend(
-        qp, kp, vp, torch.ones(batch, dtype=torch.long), kv_len,
-        scale=scale_value, sparse_mode=0, pre_tokens=INT_MAX, next_tokens=INT_MAX,
-        atten_mask=None, sinks=None,
-    )  # fmt: skip
+        qp,
+        kp,
+        vp,
+        torch.ones(batch, dtype=torch.long),
+        kv_len,
+        scale=scale_value,
+        sparse_mode=0,
+        pre_tokens=INT_MAX,
+        next_tokens=INT_MAX,
+        atten_mask=None,
+        sinks=None,
+    )
     full = res.new_zeros(t, num_heads, res.shape[-1])
     full[:batch] = res[:, 0]
     return full
@@ -1025,8 +1142,16 @@ def _npu_paged_attention(
     last request are zeroed.
     """
     _check_workspace(workspace, query)
-    res = _pa_compute(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value,
-                      block_table, context_lens)  # fmt: skip
+    res = _pa_compute(
+        query,
+        key_cache,
+        value_cache,
+        num_kv_heads,
+        num_heads,
+        scale_value,
+        block_table,
+        context_lens,
+    )
     _write(out, res, "out")
     return out
 
@@ -1142,11 +1267,22 @@ def npu_fusion_attention(
     elif input_layout == "BSH":
         nkv = key.shape[2] * head_num // query.shape[2]
     res, lse = _fia(
-        query, key, value, layout=input_layout, num_heads=head_num, num_kv_heads=nkv,
-        scale=scale, q_lens=actual_seq_qlen, kv_lens=actual_seq_kvlen, block_table=None,
-        block_size=0, sparse_mode=sparse_mode, pre_tokens=pre_tockens, next_tokens=next_tockens,
+        query,
+        key,
+        value,
+        layout=input_layout,
+        num_heads=head_num,
+        num_kv_heads=nkv,
+        scale=scale,
+        q_lens=actual_seq_qlen,
+        kv_lens=actual_seq_kvlen,
+        block_table=None,
+        block_size=0,
+        sparse_mode=sparse_mode,
+        pre_tokens=pre_tockens,
+        next_tokens=next_tockens,
         atten_mask=atten_mask,
-    )  # fmt: skip
+    )
     smax = lse.expand(*lse.shape[:-1], 8).contiguous()
     ssum = torch.ones_like(smax)
     return res.to(query.dtype), smax, ssum, query.new_zeros(0), 0, 0, 0

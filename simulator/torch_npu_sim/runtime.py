@@ -60,7 +60,13 @@ class _State:
 
 
 _COUNTER_NAMES = (
-    "captures", "replays", "updates", "records", "op_launches", "tasks_run", "group_handles",
+    "captures",
+    "replays",
+    "updates",
+    "records",
+    "op_launches",
+    "tasks_run",
+    "group_handles",
 )
 _handle_ids = itertools.count(1)
 _graph_ids = itertools.count(1)
@@ -113,8 +119,14 @@ class _Task:
     __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim")
     kind = "op"
 
-    def __init__(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                 outputs: list[torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        outputs: list[torch.Tensor] | None = None,
+    ) -> None:
         self.name = name
         self.fn = fn
         self.args = args
@@ -215,8 +227,9 @@ def _noop(*_a: Any, **_k: Any) -> None:
 class Stream:
     """A simulated NPU stream: an ordering token with a queue for blocked work."""
 
-    def __init__(self, device: Any = None, priority: int = 0, _default: bool = False,
-                 **_kw: Any) -> None:
+    def __init__(
+        self, device: Any = None, priority: int = 0, _default: bool = False, **_kw: Any
+    ) -> None:
         self.priority = priority
         self.device = torch.device("cpu")
         self._queue: deque[_Task] = deque()
@@ -274,8 +287,13 @@ class Stream:
 class Event:
     """Plain ``torch.npu.Event``: a marker at a stream position."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, **_kw: Any) -> None:
+    def __init__(
+        self,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        **_kw: Any,
+    ) -> None:
         self._stream: Stream | None = None
         self._target = 0
 
@@ -384,8 +402,11 @@ def _head_blockers(stream: Stream) -> list[Stream]:
     if isinstance(head, _StreamWaitTask):
         return [head.stream]
     if isinstance(head, _GateTask):
-        return [s for s in _S.busy
-                if any(isinstance(t, _RecordTask) and t.event is head.event for t in s._queue)]
+        return [
+            s
+            for s in _S.busy
+            if any(isinstance(t, _RecordTask) and t.event is head.event for t in s._queue)
+        ]
     return []
 
 
@@ -622,8 +643,13 @@ class graph:  # noqa: N801 - torch API name
 
     default_capture_stream: Stream | None = None
 
-    def __init__(self, npu_graph: NPUGraph, pool: Any = None, stream: Stream | None = None,
-                 capture_error_mode: str = "global") -> None:
+    def __init__(
+        self,
+        npu_graph: NPUGraph,
+        pool: Any = None,
+        stream: Stream | None = None,
+        capture_error_mode: str = "global",
+    ) -> None:
         if stream is None:
             if graph.default_capture_stream is None:
                 graph.default_capture_stream = Stream()

@@ -65,16 +65,25 @@ def _chunk(scenario: Any, steps: int, seed: int, atol: float, stats: dict[str, A
                 stats["mismatches"] += 1
 
 
-def run(steps: int, chunk: int, verify_steps: int, seed: int, atol: float,
-        names: list[str]) -> dict[str, Any]:
+def run(
+    steps: int, chunk: int, verify_steps: int, seed: int, atol: float, names: list[str]
+) -> dict[str, Any]:
     from ascend_graph_patch import activation
     from torch_npu_sim.harness.scenarios import SCENARIOS
 
     activation.enable("on")
     started = time.time()
     per: dict[str, dict[str, Any]] = {
-        n: {"steps": 0, "mismatches": 0, "errors": 0, "simulator_errors": 0, "max_abs": 0.0,
-            "rss_mb": []} for n in names}
+        n: {
+            "steps": 0,
+            "mismatches": 0,
+            "errors": 0,
+            "simulator_errors": 0,
+            "max_abs": 0.0,
+            "rss_mb": [],
+        }
+        for n in names
+    }
     total, cycle = 0, 0
     while total < steps:
         for name in names:
@@ -100,8 +109,9 @@ def run(steps: int, chunk: int, verify_steps: int, seed: int, atol: float,
         _chunk(SCENARIOS[name], verify_steps, seed, atol, stats)
         after = _counters()
         stats["verify_updates"] = after.get("verify.updates", 0) - before.get("verify.updates", 0)
-        stats["verify_mismatches"] = (after.get("verify.mismatches", 0)
-                                      - before.get("verify.mismatches", 0))
+        stats["verify_mismatches"] = after.get("verify.mismatches", 0) - before.get(
+            "verify.mismatches", 0
+        )
         verify[name] = stats
     activation.disable()
 
@@ -143,8 +153,9 @@ HELP = "soak the overlay on the simulator: >= 10,000 replay steps, each checked 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10_000, help="replay steps in total")
     parser.add_argument("--chunk", type=int, default=250, help="steps per scenario visit")
-    parser.add_argument("--verify-steps", type=int, default=40,
-                        help="steps per scenario in the verify pass")
+    parser.add_argument(
+        "--verify-steps", type=int, default=40, help="steps per scenario in the verify pass"
+    )
     parser.add_argument("--scenarios", default=None, help="comma-separated (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=1e-3)
@@ -164,9 +175,11 @@ def run_command(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"soak: {result['replay_steps']} replay steps + {result['verify_steps']} verify steps "
-          f"over {len(names)} scenarios in {result['seconds']} s: "
-          f"{'OK' if result['ok'] else 'FAILED'} -> {out}")
+    print(
+        f"soak: {result['replay_steps']} replay steps + {result['verify_steps']} verify steps "
+        f"over {len(names)} scenarios in {result['seconds']} s: "
+        f"{'OK' if result['ok'] else 'FAILED'} -> {out}"
+    )
     for problem in result["problems"]:
         print(f"  - {problem}")
     return 0 if result["ok"] else 1

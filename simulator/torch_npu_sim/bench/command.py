@@ -44,20 +44,29 @@ def _kind(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="small sweep (layers 1,28 x batch 1,64), fewer rounds")
-    parser.add_argument("--kinds", default=None,
-                        help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp); "
-                             "default: all")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sweep (layers 1,28 x batch 1,64), fewer rounds"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp); default: all",
+    )
     parser.add_argument("--layers", type=_ints, default=None, help="e.g. 1,28,64,94")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,64,256")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="interleaved rounds per point (median taken)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds per point (median taken)"
+    )
     parser.add_argument("--inner", type=int, default=None, help="calls per round")
     parser.add_argument("--no-capture", action="store_true", help="skip the capture overhead")
     parser.add_argument("--no-startup", action="store_true", help="skip the loader start-up cost")
-    parser.add_argument("--json", dest="json_path", default=None, metavar="FILE",
-                        help="also write the results as JSON")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        default=None,
+        metavar="FILE",
+        help="also write the results as JSON",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -74,22 +83,45 @@ def _mark(value: float | None, target: float) -> str:
 def table(points: list[Any]) -> str:
     from torch_npu_sim.bench.core import TARGET_VS_FLOOR, TARGET_VS_STOCK
 
-    cols = ["kind", "layers", "batch", "tasks", "stock us", "overlay us", "floor us",
-            f"overlay/stock (<={TARGET_VS_STOCK})", f"overlay/floor (<={TARGET_VS_FLOOR})"]
+    cols = [
+        "kind",
+        "layers",
+        "batch",
+        "tasks",
+        "stock us",
+        "overlay us",
+        "floor us",
+        f"overlay/stock (<={TARGET_VS_STOCK})",
+        f"overlay/floor (<={TARGET_VS_FLOOR})",
+    ]
     body = []
     for p in points:
         if p.error:
-            body.append([p.kind, str(p.layers), str(p.batch), "-", "ERROR: " + p.error, "", "",
-                         "", ""])
+            body.append(
+                [p.kind, str(p.layers), str(p.batch), "-", "ERROR: " + p.error, "", "", "", ""]
+            )
             continue
-        body.append([p.kind, str(p.layers), str(p.batch), str(p.tasks),
-                     _fmt(p.stock_us, ".1f"), _fmt(p.overlay_us, ".1f"), _fmt(p.floor_us, ".1f"),
-                     _fmt(p.vs_stock, ".2f") + _mark(p.vs_stock, TARGET_VS_STOCK),
-                     _fmt(p.vs_floor, ".2f") + _mark(p.vs_floor, TARGET_VS_FLOOR)])
+        body.append(
+            [
+                p.kind,
+                str(p.layers),
+                str(p.batch),
+                str(p.tasks),
+                _fmt(p.stock_us, ".1f"),
+                _fmt(p.overlay_us, ".1f"),
+                _fmt(p.floor_us, ".1f"),
+                _fmt(p.vs_stock, ".2f") + _mark(p.vs_stock, TARGET_VS_STOCK),
+                _fmt(p.vs_floor, ".2f") + _mark(p.vs_floor, TARGET_VS_FLOOR),
+            ]
+        )
     widths = [max(len(r[i]) for r in [cols, *body]) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                       enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in [cols, ["-" * w for w in widths], *body]]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [cols, ["-" * w for w in widths], *body]
+    ]
     return "\n".join(lines)
 
 
@@ -103,25 +135,32 @@ def summary_lines(result: Any) -> list[str]:
         worst_f = max(ok, key=lambda p: p.vs_floor or 0)
         met_s = sum((p.vs_stock or 9) <= TARGET_VS_STOCK for p in ok)
         met_f = sum((p.vs_floor or 9) <= TARGET_VS_FLOOR for p in ok)
-        out.append(f"overlay/stock: target met at {met_s}/{len(ok)} points; worst "
-                   f"{worst_s.vs_stock:.2f}x ({worst_s.kind}, {worst_s.layers} layers, "
-                   f"batch {worst_s.batch})")
-        out.append(f"overlay/floor: target met at {met_f}/{len(ok)} points; worst "
-                   f"{worst_f.vs_floor:.2f}x ({worst_f.kind}, {worst_f.layers} layers, "
-                   f"batch {worst_f.batch})")
+        out.append(
+            f"overlay/stock: target met at {met_s}/{len(ok)} points; worst "
+            f"{worst_s.vs_stock:.2f}x ({worst_s.kind}, {worst_s.layers} layers, "
+            f"batch {worst_s.batch})"
+        )
+        out.append(
+            f"overlay/floor: target met at {met_f}/{len(ok)} points; worst "
+            f"{worst_f.vs_floor:.2f}x ({worst_f.kind}, {worst_f.layers} layers, "
+            f"batch {worst_f.batch})"
+        )
     cap = result.capture
     if cap:
         mark = _mark(cap["ratio"], cap["target"])
-        out.append(f"capture ({cap['layers']} layers, batch {cap['batch']}): stock "
-                   f"{cap['stock_ms']:.2f} ms, overlay {cap['overlay_ms']:.2f} ms, ratio "
-                   f"{cap['ratio']:.3f} (target <= {cap['target']}){mark}")
+        out.append(
+            f"capture ({cap['layers']} layers, batch {cap['batch']}): stock "
+            f"{cap['stock_ms']:.2f} ms, overlay {cap['overlay_ms']:.2f} ms, ratio "
+            f"{cap['ratio']:.3f} (target <= {cap['target']}){mark}"
+        )
     st = result.startup
     if st:
         off, on = st.get("off_ms"), st.get("on_ms")
-        out.append(f"loader start-up: off {_fmt(off, '.3f')} ms (target <= "
-                   f"{st['target_off_ms']} ms){_mark(off, st['target_off_ms'])}, on "
-                   f"{_fmt(on, '.2f')} ms" + (f" [{st.get('off_error')}]" if st.get("off_error")
-                                              else ""))
+        out.append(
+            f"loader start-up: off {_fmt(off, '.3f')} ms (target <= "
+            f"{st['target_off_ms']} ms){_mark(off, st['target_off_ms'])}, on "
+            f"{_fmt(on, '.2f')} ms" + (f" [{st.get('off_error')}]" if st.get("off_error") else "")
+        )
     return out
 
 
@@ -131,8 +170,11 @@ def run(args: argparse.Namespace) -> int:
     kinds = [_kind(k) for k in (args.kinds or ",".join(core.KINDS)).split(",") if k.strip()]
     unknown = [k for k in kinds if k not in core.KINDS]
     if unknown:
-        print(f"ascend-graph-patch bench: error: unknown kind(s) {', '.join(unknown)}; "
-              f"available: {', '.join(core.KINDS)}", file=sys.stderr)
+        print(
+            f"ascend-graph-patch bench: error: unknown kind(s) {', '.join(unknown)}; "
+            f"available: {', '.join(core.KINDS)}",
+            file=sys.stderr,
+        )
         return 2
     os.environ.setdefault("TORCH_NPU_SIM", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout: keep the table
@@ -145,8 +187,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(kinds) * len(layers) * len(batches), unit="point",
-                       file=sys.stderr, leave=False, desc="bench")
+            bar = tqdm(
+                total=len(kinds) * len(layers) * len(batches),
+                unit="point",
+                file=sys.stderr,
+                leave=False,
+                desc="bench",
+            )
         except ImportError:
             bar = None
     result = core.BenchResult()
@@ -156,24 +203,34 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     if not args.no_capture:
-        result.capture = core.capture_overhead(28 if not args.quick else 8, 64,
-                                               3 if args.quick else 5)
+        result.capture = core.capture_overhead(
+            28 if not args.quick else 8, 64, 3 if args.quick else 5
+        )
     if not args.no_startup:
         result.startup = core.startup_cost(3 if args.quick else 7)
-    print(f"ascend-graph-patch bench: host update per replay step, simulator null-cost mode "
-          f"({rounds} interleaved rounds x {inner} calls, median)")
+    print(
+        f"ascend-graph-patch bench: host update per replay step, simulator null-cost mode "
+        f"({rounds} interleaved rounds x {inner} calls, median)"
+    )
     print(table(result.points))
     for line in summary_lines(result):
         print(line)
     if args.json_path:
-        data = {"points": [dict(asdict(p), vs_stock=p.vs_stock, vs_floor=p.vs_floor)
-                           for p in result.points],
-                "capture": result.capture, "startup": result.startup,
-                "targets": {"overlay_vs_stock": core.TARGET_VS_STOCK,
-                            "overlay_vs_floor": core.TARGET_VS_FLOOR,
-                            "capture": core.TARGET_CAPTURE,
-                            "startup_off_ms": core.TARGET_STARTUP_OFF_MS},
-                "rounds": rounds, "inner": inner}
+        data = {
+            "points": [
+                dict(asdict(p), vs_stock=p.vs_stock, vs_floor=p.vs_floor) for p in result.points
+            ],
+            "capture": result.capture,
+            "startup": result.startup,
+            "targets": {
+                "overlay_vs_stock": core.TARGET_VS_STOCK,
+                "overlay_vs_floor": core.TARGET_VS_FLOOR,
+                "capture": core.TARGET_CAPTURE,
+                "startup_off_ms": core.TARGET_STARTUP_OFF_MS,
+            },
+            "rounds": rounds,
+            "inner": inner,
+        }
         Path(args.json_path).write_text(json.dumps(data, indent=1))
         print(f"json: {args.json_path}")
     return 1 if any(p.error for p in result.points) else 0

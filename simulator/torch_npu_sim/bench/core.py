@@ -42,28 +42,37 @@ def _name(i: int) -> str:
 def _fia(layers: int, batches: tuple[int, ...]) -> Any:
     from torch_npu_sim.harness.target import LayerSpec, Scenario
 
-    return Scenario(name=f"bench_fia_{layers}",
-                    layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=1)
-                                 for i in range(layers)),
-                    capture_sizes=batches, max_kv_len=128)
+    return Scenario(
+        name=f"bench_fia_{layers}",
+        layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=1) for i in range(layers)),
+        capture_sizes=batches,
+        max_kv_len=128,
+    )
 
 
 def _fia_v2(layers: int, batches: tuple[int, ...]) -> Any:
     from torch_npu_sim.harness.target import LayerSpec, Scenario
 
-    return Scenario(name=f"bench_fia_v2_{layers}",
-                    layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=1, sinks=True)
-                                 for i in range(layers)),
-                    capture_sizes=batches, max_kv_len=128)
+    return Scenario(
+        name=f"bench_fia_v2_{layers}",
+        layers=tuple(
+            LayerSpec(_name(i), num_heads=2, num_kv_heads=1, sinks=True) for i in range(layers)
+        ),
+        capture_sizes=batches,
+        max_kv_len=128,
+    )
 
 
 def _pa(layers: int, batches: tuple[int, ...]) -> Any:
     from torch_npu_sim.harness.target import LayerSpec, Scenario
 
-    return Scenario(name=f"bench_pa_{layers}",
-                    layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=2)
-                                 for i in range(layers)),
-                    capture_sizes=batches, max_kv_len=128, pa_shape_list=batches)
+    return Scenario(
+        name=f"bench_pa_{layers}",
+        layers=tuple(LayerSpec(_name(i), num_heads=2, num_kv_heads=2) for i in range(layers)),
+        capture_sizes=batches,
+        max_kv_len=128,
+        pa_shape_list=batches,
+    )
 
 
 MTP_KIND = "MTP k=3"
@@ -75,10 +84,13 @@ def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
     from torch_npu_sim.harness.draft import DraftScenario, draft_layer
     from torch_npu_sim.harness.target import LayerSpec
 
-    return DraftScenario(name=f"bench_mtp_k{MTP_STEPS}_{layers}",
-                         layers=tuple(LayerSpec(draft_layer(i), num_heads=2, num_kv_heads=1)
-                                      for i in range(layers)),
-                         num_speculative_tokens=MTP_STEPS, capture_sizes=batches, max_kv_len=128)
+    return DraftScenario(
+        name=f"bench_mtp_k{MTP_STEPS}_{layers}",
+        layers=tuple(LayerSpec(draft_layer(i), num_heads=2, num_kv_heads=1) for i in range(layers)),
+        num_speculative_tokens=MTP_STEPS,
+        capture_sizes=batches,
+        max_kv_len=128,
+    )
 
 
 #: kind -> scenario factory(layers, capture sizes). A factory returning a ``DraftScenario`` is
@@ -159,17 +171,30 @@ class _Step:
         self._cfg = set_current_vllm_config(engine.vllm_config)
         self._cfg.__enter__()
         engine._load_inputs(batch, batch_size)
-        md = engine._metadata(num_reqs=batch.num_reqs, num_tokens_padded=batch_size,
-                              seq_lens=batch.seq_lens, mode=engine._full, capturing=False)
-        self._ctx = engine._context(md, batch_size, engine._full,
-                                    engine._batch_descriptor(batch_size))
+        md = engine._metadata(
+            num_reqs=batch.num_reqs,
+            num_tokens_padded=batch_size,
+            seq_lens=batch.seq_lens,
+            mode=engine._full,
+            capturing=False,
+        )
+        self._ctx = engine._context(
+            md, batch_size, engine._full, engine._batch_descriptor(batch_size)
+        )
         self._ctx.__enter__()
         from vllm.forward_context import get_forward_context
 
         self.fc = get_forward_context()
         e = engine
-        self.args = (e.update_stream, self.fc, batch_size, e.vllm_config,
-                     e.vllm_config.speculative_config, batch_size, None)
+        self.args = (
+            e.update_stream,
+            self.fc,
+            batch_size,
+            e.vllm_config,
+            e.vllm_config.speculative_config,
+            batch_size,
+            None,
+        )
         from ascend_graph_patch.core.graph import TargetSource
 
         self.source: Any = TargetSource(self.fc.attn_metadata)
@@ -203,13 +228,21 @@ class _DraftStep(_Step):
         self._cfg.__enter__()
         engine._load(batch, batch_size)
         per_step = engine._draft_metadata(batch, batch_size, True, False)
-        self._ctx = engine._draft_context(per_step, batch_size, engine._full,
-                                          engine._batch_descriptor(batch_size))
+        self._ctx = engine._draft_context(
+            per_step, batch_size, engine._full, engine._batch_descriptor(batch_size)
+        )
         self._ctx.__enter__()
         self.fc = get_forward_context()
         p = engine.proposer
-        self.args = (p.update_stream, self.fc, batch_size, p.vllm_config,
-                     p.vllm_config.speculative_config, None, per_step)
+        self.args = (
+            p.update_stream,
+            self.fc,
+            batch_size,
+            p.vllm_config,
+            p.vllm_config.speculative_config,
+            None,
+            per_step,
+        )
         self.source = DraftSource(per_step)
 
 
@@ -247,8 +280,9 @@ def _time(fn: Callable[[], Any], n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000.0
 
 
-def measure_point(engine: Any, kind: str, layers: int, batch: int, rounds: int,
-                  inner: int) -> Point:
+def measure_point(
+    engine: Any, kind: str, layers: int, batch: int, rounds: int, inner: int
+) -> Point:
     """Median over ``rounds`` interleaved rounds of ``inner`` calls each, in microseconds."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
@@ -308,8 +342,14 @@ def _engine(scenario: Any, captured: tuple[int, ...]) -> Any:
     return engine
 
 
-def sweep(kinds: list[str], layers: tuple[int, ...], batches: tuple[int, ...], rounds: int,
-          inner: int, progress: Any = None) -> list[Point]:
+def sweep(
+    kinds: list[str],
+    layers: tuple[int, ...],
+    batches: tuple[int, ...],
+    rounds: int,
+    inner: int,
+    progress: Any = None,
+) -> list[Point]:
     _prepare()
     points = []
     for kind in kinds:
@@ -325,8 +365,9 @@ def sweep(kinds: list[str], layers: tuple[int, ...], batches: tuple[int, ...], r
                     if progress is not None:
                         progress.update(1)
             except Exception as exc:  # noqa: BLE001
-                for batch in batches[len([p for p in points if p.kind == kind
-                                          and p.layers == n_layers]):]:
+                for batch in batches[
+                    len([p for p in points if p.kind == kind and p.layers == n_layers]) :
+                ]:
                     points.append(Point(kind, n_layers, batch, error=_describe(exc)))
                     if progress is not None:
                         progress.update(1)
@@ -362,7 +403,7 @@ def capture_overhead(layers: int, batch: int, repeats: int) -> dict[str, Any]:
 
     times: dict[str, list[float]] = {"stock": [], "overlay": []}
     for r in range(repeats):
-        for arm in (("stock", "overlay") if r % 2 == 0 else ("overlay", "stock")):
+        for arm in ("stock", "overlay") if r % 2 == 0 else ("overlay", "stock"):
             if arm == "stock":
                 activation.disable()
             else:
@@ -377,9 +418,15 @@ def capture_overhead(layers: int, batch: int, repeats: int) -> dict[str, Any]:
                 engine.close()
     activation.enable("on")
     stock, overlay = statistics.median(times["stock"]), statistics.median(times["overlay"])
-    return {"layers": layers, "batch": batch, "repeats": repeats, "stock_ms": stock,
-            "overlay_ms": overlay, "ratio": overlay / stock if stock else None,
-            "target": TARGET_CAPTURE}
+    return {
+        "layers": layers,
+        "batch": batch,
+        "repeats": repeats,
+        "stock_ms": stock,
+        "overlay_ms": overlay,
+        "ratio": overlay / stock if stock else None,
+        "target": TARGET_CAPTURE,
+    }
 
 
 def startup_cost(repeats: int) -> dict[str, Any]:
@@ -407,8 +454,13 @@ def _importtime(mode: str, repeats: int) -> float:
     env.pop("TORCH_NPU_SIM", None)
     samples = []
     for _ in range(repeats):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], env=env,
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", "pass"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         total = 0
         for line in proc.stderr.splitlines():
             parts = line.split("|")

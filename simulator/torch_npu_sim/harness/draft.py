@@ -162,8 +162,13 @@ class _ToyDraft:
                 return i
         return 0
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                 inputs_embeds: Any = None, hidden_states: Any = None) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: Any = None,
+        hidden_states: Any = None,
+    ) -> torch.Tensor:
         from vllm.forward_context import get_forward_context
 
         metadata = get_forward_context().attn_metadata
@@ -266,8 +271,9 @@ class DraftEngine(SimEngine):
 
     def _build_model(self, gen: torch.Generator) -> None:
         super()._build_model(gen)
-        self.model = _ToyDraft(self.layers, gen, self.draft.num_speculative_tokens,
-                               max(self.scenario.capture_sizes))
+        self.model = _ToyDraft(
+            self.layers, gen, self.draft.num_speculative_tokens, max(self.scenario.capture_sizes)
+        )
 
     def _build_wrapper(self) -> None:
         import vllm_ascend.utils as va_utils
@@ -278,8 +284,11 @@ class DraftEngine(SimEngine):
         k = self.draft.num_speculative_tokens
         self.proposer = make_proposer(self)
         self.wrapper = ACLGraphWrapper(
-            self.proposer._run_merged_draft, self.vllm_config, self._full,
-            use_eagle=True, enable_enpu=self.draft.update_order == "update_then_replay",
+            self.proposer._run_merged_draft,
+            self.vllm_config,
+            self._full,
+            use_eagle=True,
+            enable_enpu=self.draft.update_order == "update_then_replay",
         )
         self.proposer._runnable = self.wrapper
         self.update_stream = self.proposer.update_stream
@@ -294,8 +303,10 @@ class DraftEngine(SimEngine):
             b.slot_mapping = [torch.full((n,), -1, dtype=torch.int64) for _ in self.groups]
             self.bufs.append(b)
         self._draft_rng = random.Random(self.draft.seed)
-        self._computed = [self._draft_rng.randrange(0, self.scenario.max_kv_len - k - 1)
-                          for _ in range(self.max_num_reqs)]
+        self._computed = [
+            self._draft_rng.randrange(0, self.scenario.max_kv_len - k - 1)
+            for _ in range(self.max_num_reqs)
+        ]
 
     # ---- workload ----------------------------------------------------------------------------
 
@@ -320,8 +331,10 @@ class DraftEngine(SimEngine):
             seq_lens.append(self._computed[s] + 1)
             self._computed[s] += 1
         self._step += 1
-        rows = [torch.tensor([self._row(s, g) for s in slots], dtype=torch.int32)
-                for g in range(len(self.groups))]
+        rows = [
+            torch.tensor([self._row(s, g) for s in slots], dtype=torch.int32)
+            for g in range(len(self.groups))
+        ]
         return DraftBatch(
             step=self._step,
             seq_lens=seq_lens,
@@ -332,8 +345,9 @@ class DraftEngine(SimEngine):
             num_tokens_padded=self.padded_size(n),
         )
 
-    def _draft_metadata(self, batch: DraftBatch | None, num_tokens: int, padded: bool,
-                        capturing: bool) -> list[dict[str, Any]]:
+    def _draft_metadata(
+        self, batch: DraftBatch | None, num_tokens: int, padded: bool, capturing: bool
+    ) -> list[dict[str, Any]]:
         """Per-step metadata, per KV group, listed group by group (the v1 runner's order)."""
         from vllm_ascend.attention.attention_v1 import AscendAttentionState
         from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
@@ -381,12 +395,19 @@ class DraftEngine(SimEngine):
                     decode_token_per_req=1,
                 )
                 md_by_group.append(
-                    group.builder.build_for_cudagraph_capture(_shallow_copy(cm)) if capturing
-                    else group.builder.build(common_prefix_len=0,
-                                             common_attn_metadata=_shallow_copy(cm))
+                    group.builder.build_for_cudagraph_capture(_shallow_copy(cm))
+                    if capturing
+                    else group.builder.build(
+                        common_prefix_len=0, common_attn_metadata=_shallow_copy(cm)
+                    )
                 )
-            per_step.append({name: md for group, md in zip(self.groups, md_by_group, strict=True)
-                             for name in group.layer_names})
+            per_step.append(
+                {
+                    name: md
+                    for group, md in zip(self.groups, md_by_group, strict=True)
+                    for name in group.layer_names
+                }
+            )
         return per_step
 
     def _load(self, batch: DraftBatch | None, num_tokens: int) -> None:
@@ -406,13 +427,19 @@ class DraftEngine(SimEngine):
         for g, group in enumerate(self.groups):
             group.block_table[:n] = batch.rows[g]
 
-    def _draft_context(self, per_step: list[dict[str, Any]], num_tokens: int, mode: Any,
-                       bd: Any) -> Any:
+    def _draft_context(
+        self, per_step: list[dict[str, Any]], num_tokens: int, mode: Any, bd: Any
+    ) -> Any:
         from vllm_ascend.ascend_forward_context import set_ascend_forward_context
 
         return set_ascend_forward_context(
-            per_step[0], self.vllm_config, num_tokens=num_tokens, num_actual_tokens=num_tokens,
-            aclgraph_runtime_mode=mode, batch_descriptor=bd, is_draft_model=True,
+            per_step[0],
+            self.vllm_config,
+            num_tokens=num_tokens,
+            num_actual_tokens=num_tokens,
+            aclgraph_runtime_mode=mode,
+            batch_descriptor=bd,
+            is_draft_model=True,
             draft_attn_metadatas=per_step,
         )
 
@@ -452,9 +479,12 @@ class DraftEngine(SimEngine):
         self._captured.add(num_tokens)
 
     def _outputs(self, n: int, tokens: Any) -> dict[str, torch.Tensor]:
-        return {"hidden": self.model.step_out[:, :n].clone(),
-                "tokens": torch.as_tensor(tokens).reshape(-1, self.draft.num_speculative_tokens)
-                [:n].clone()}
+        return {
+            "hidden": self.model.step_out[:, :n].clone(),
+            "tokens": torch.as_tensor(tokens)
+            .reshape(-1, self.draft.num_speculative_tokens)[:n]
+            .clone(),
+        }
 
     def run_draft_graph(self, batch: DraftBatch, *, update: bool = True) -> dict[str, torch.Tensor]:
         """Replay the merged draft graph and update it as ``_propose`` does (ENPU: update first)."""

@@ -141,8 +141,11 @@ class _Process:
         install()  # before anything imports vllm.config (torch_npu must be the simulator)
 
         # vllm_ascend.ops first: importing attention_v1 first hits a circular import.
-        for module in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
-                       "vllm_ascend.compilation.acl_graph"):
+        for module in (
+            "vllm_ascend.ops",
+            "vllm_ascend.attention.attention_v1",
+            "vllm_ascend.compilation.acl_graph",
+        ):
             importlib.import_module(module)
 
         cls.tmp = tempfile.TemporaryDirectory(prefix="agp-harness-")
@@ -188,8 +191,14 @@ def reset_process_state() -> None:
     attention_v1._ATTN_KEYS_BUFFER = None
     attn_utils.needs_layer_aware_fia_graph_replay.cache_clear()
     attn_utils.enable_cp.cache_clear()
-    for name in ("_IS_MOE_MODEL", "_IS_DRAFTER_MOE_MODEL", "_IS_VL_MODEL", "_ENABLE_SP",
-                 "_HAS_LAYER_IDX", "_HAS_ROPE"):
+    for name in (
+        "_IS_MOE_MODEL",
+        "_IS_DRAFTER_MOE_MODEL",
+        "_IS_VL_MODEL",
+        "_ENABLE_SP",
+        "_HAS_LAYER_IDX",
+        "_HAS_ROPE",
+    ):
         if hasattr(va_utils, name):
             setattr(va_utils, name, None)
     ascend_config.clear_ascend_config()
@@ -460,7 +469,11 @@ class SimEngine:
                 continue
             # History content is random: every decode step reads it, never prefills it.
             layer.kv_cache = torch.randn(
-                2, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_size,
+                2,
+                self.num_blocks,
+                self.block_size,
+                spec.num_kv_heads,
+                spec.head_size,
                 generator=gen,
             )
         for layer in layers:
@@ -493,13 +506,18 @@ class SimEngine:
         for (kv_heads, head_size, window), names in keyed.items():
             if window is None:
                 kv_spec: Any = FullAttentionSpec(
-                    block_size=self.block_size, num_kv_heads=kv_heads, head_size=head_size,
+                    block_size=self.block_size,
+                    num_kv_heads=kv_heads,
+                    head_size=head_size,
                     dtype=torch.float32,
                 )
             else:
                 kv_spec = SlidingWindowSpec(
-                    block_size=self.block_size, num_kv_heads=kv_heads, head_size=head_size,
-                    dtype=torch.float32, sliding_window=window,
+                    block_size=self.block_size,
+                    num_kv_heads=kv_heads,
+                    head_size=head_size,
+                    dtype=torch.float32,
+                    sliding_window=window,
                 )
             builder = AscendAttentionMetadataBuilder(
                 kv_spec, names, self.vllm_config, torch.device("cpu")
@@ -508,8 +526,9 @@ class SimEngine:
                 _Group(
                     layer_names=names,
                     builder=builder,
-                    block_table=torch.zeros(self.max_num_reqs + 1, self.max_blocks,
-                                            dtype=torch.int32),
+                    block_table=torch.zeros(
+                        self.max_num_reqs + 1, self.max_blocks, dtype=torch.int32
+                    ),
                     slot_mapping=torch.full((self.max_tokens,), -1, dtype=torch.int64),
                 )
             )
@@ -530,9 +549,7 @@ class SimEngine:
         from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
         enpu = self.scenario.update_order == "update_then_replay"
-        self.wrapper = ACLGraphWrapper(
-            self.model, self.vllm_config, self._full, enable_enpu=enpu
-        )
+        self.wrapper = ACLGraphWrapper(self.model, self.vllm_config, self._full, enable_enpu=enpu)
         self.update_stream = torch.npu.Stream()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -582,8 +599,9 @@ class SimEngine:
             slots.append(req.slot)
             seq_lens.append(pos + 1)
             positions.append(pos)
-            slot_ids.append((first_block + pos // self.block_size) * self.block_size
-                            + pos % self.block_size)
+            slot_ids.append(
+                (first_block + pos // self.block_size) * self.block_size + pos % self.block_size
+            )
             rows.append(row)
             req.num_computed += 1
         self._step += 1
@@ -615,8 +633,9 @@ class SimEngine:
         from vllm.forward_context import BatchDescriptor
 
         uniform = self.scenario.compilation_mode == "FULL_DECODE_ONLY"
-        return BatchDescriptor(num_tokens=num_tokens, num_reqs=min(num_tokens, self.max_num_reqs),
-                               uniform=uniform)
+        return BatchDescriptor(
+            num_tokens=num_tokens, num_reqs=min(num_tokens, self.max_num_reqs), uniform=uniform
+        )
 
     def _metadata(
         self,
@@ -680,12 +699,17 @@ class SimEngine:
             cm = _shallow_copy(common)
             cm.block_table_tensor = group.block_table[:num_reqs_padded]
             cm.slot_mapping = group.slot_mapping[:padded]
-            md = (group.builder.build_for_cudagraph_capture(cm) if capturing
-                  else group.builder.build(common_prefix_len=0, common_attn_metadata=cm))
+            md = (
+                group.builder.build_for_cudagraph_capture(cm)
+                if capturing
+                else group.builder.build(common_prefix_len=0, common_attn_metadata=cm)
+            )
             for name in group.layer_names:
                 per_group[name] = md
         linear_md = LinearAttnMetadata(
-            num_prefills=0, num_decodes=num_reqs_padded, num_actual_tokens=n,
+            num_prefills=0,
+            num_decodes=num_reqs_padded,
+            num_actual_tokens=n,
             state_indices=self.linear_state[:num_reqs_padded],
         )
         if self._metadata_order == "layers":
@@ -742,14 +766,20 @@ class SimEngine:
             return
         self._ensure_graph_params()
         with set_current_vllm_config(self.vllm_config):
-            seq_len = (_PA_CAPTURE_SEQ_LEN if using_paged_attention(num_tokens, self.vllm_config)
-                       else 1)
+            seq_len = (
+                _PA_CAPTURE_SEQ_LEN if using_paged_attention(num_tokens, self.vllm_config) else 1
+            )
             self._load_inputs(None, num_tokens)
             for group in self.groups:
                 # Capture is warmed up once on the simulator: point it at no KV slot.
                 group.slot_mapping[:num_tokens].fill_(-1)
-            md = self._metadata(num_reqs=num_tokens, num_tokens_padded=num_tokens,
-                                seq_lens=[seq_len] * num_tokens, mode=self._full, capturing=True)
+            md = self._metadata(
+                num_reqs=num_tokens,
+                num_tokens_padded=num_tokens,
+                seq_lens=[seq_len] * num_tokens,
+                mode=self._full,
+                capturing=True,
+            )
             bd = self._batch_descriptor(num_tokens)
             with self._context(md, num_tokens, self._full, bd):
                 self.wrapper(self.input_ids[:num_tokens], self.positions[:num_tokens])
@@ -780,8 +810,13 @@ class SimEngine:
         self.capture(padded)
         with set_current_vllm_config(self.vllm_config):
             self._load_inputs(batch, padded)
-            md = self._metadata(num_reqs=batch.num_reqs, num_tokens_padded=padded,
-                                seq_lens=batch.seq_lens, mode=self._full, capturing=False)
+            md = self._metadata(
+                num_reqs=batch.num_reqs,
+                num_tokens_padded=padded,
+                seq_lens=batch.seq_lens,
+                mode=self._full,
+                capturing=False,
+            )
             self.last_metadata = md
             bd = self._batch_descriptor(padded)
             with self._context(md, padded, self._full, bd):
@@ -825,8 +860,13 @@ class SimEngine:
         num_tokens = batch.num_tokens_padded if padded else batch.num_reqs
         with set_current_vllm_config(self.vllm_config):
             self._load_inputs(batch, num_tokens)
-            md = self._metadata(num_reqs=batch.num_reqs, num_tokens_padded=num_tokens,
-                                seq_lens=batch.seq_lens, mode=self._none, capturing=False)
+            md = self._metadata(
+                num_reqs=batch.num_reqs,
+                num_tokens_padded=num_tokens,
+                seq_lens=batch.seq_lens,
+                mode=self._none,
+                capturing=False,
+            )
             from vllm.forward_context import BatchDescriptor
 
             with self._context(md, num_tokens, self._none, BatchDescriptor(num_tokens)):

@@ -36,9 +36,20 @@ from torch_npu_sim.harness.target import _VOCAB, LinearAttnMetadata, Scenario, S
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
 
-_CUDA_ATTRS = ("Event", "Stream", "stream", "default_stream", "current_stream",
-               "graph_pool_handle", "CUDAGraph", "graph", "synchronize", "set_stream",
-               "current_device", "mem_get_info")  # fmt: skip
+_CUDA_ATTRS = (
+    "Event",
+    "Stream",
+    "stream",
+    "default_stream",
+    "current_stream",
+    "graph_pool_handle",
+    "CUDAGraph",
+    "graph",
+    "synchronize",
+    "set_stream",
+    "current_device",
+    "mem_get_info",
+)
 
 
 def _compat_classes() -> tuple[type, type]:
@@ -52,15 +63,30 @@ def _compat_classes() -> tuple[type, type]:
     class _Compat(ModelCudaGraphManager):
         """vLLM-0.23.0 adapter under the release's manager (see the module docstring)."""
 
-        def __init__(self, vllm_config: Any, device: Any, cudagraph_mode: Any,
-                     decode_query_len: int, lora_capture_cases: Any = None) -> None:
+        def __init__(
+            self,
+            vllm_config: Any,
+            device: Any,
+            cudagraph_mode: Any,
+            decode_query_len: int,
+            lora_capture_cases: Any = None,
+        ) -> None:
             super().__init__(vllm_config, device, cudagraph_mode, decode_query_len)
 
-        def capture(self, model: Any, model_state: Any, input_buffers: Any,
-                    intermediate_tensors: Any, block_tables: Any, attn_groups: Any,
-                    kv_cache_config: Any, has_lora: bool = False,
-                    use_aux_hidden_state_outputs: bool = False, lora_capture_hook: Any = None,
-                    progress_bar_desc: str = "Capturing CUDA graphs") -> Any:
+        def capture(
+            self,
+            model: Any,
+            model_state: Any,
+            input_buffers: Any,
+            intermediate_tensors: Any,
+            block_tables: Any,
+            attn_groups: Any,
+            kv_cache_config: Any,
+            has_lora: bool = False,
+            use_aux_hidden_state_outputs: bool = False,
+            lora_capture_hook: Any = None,
+            progress_bar_desc: str = "Capturing CUDA graphs",
+        ) -> Any:
             from vllm.forward_context import set_forward_context
 
             engine: V2Engine = self.engine  # type: ignore[attr-defined]
@@ -70,8 +96,13 @@ def _compat_classes() -> tuple[type, type]:
                 md = engine.capture_metadata(desc)
 
                 def forward_fn(cg_mode: Any) -> None:
-                    with set_forward_context(md, self.vllm_config, num_tokens=num_tokens,
-                                             cudagraph_runtime_mode=cg_mode, slot_mapping=None):
+                    with set_forward_context(
+                        md,
+                        self.vllm_config,
+                        num_tokens=num_tokens,
+                        cudagraph_runtime_mode=cg_mode,
+                        slot_mapping=None,
+                    ):
                         out = model(engine.input_ids[:num_tokens], engine.positions[:num_tokens])
                     if self.hidden_states is None:
                         self.hidden_states = torch.empty(
@@ -95,8 +126,9 @@ def stock_model_manager_error(vllm_config: Any, runner: Any) -> BaseException | 
     from vllm_ascend.worker.v2.aclgraph_utils import ModelAclGraphManager
 
     try:
-        ModelAclGraphManager(vllm_config, torch.device("cpu"), CUDAGraphMode.FULL_DECODE_ONLY, 1,
-                             runner)
+        ModelAclGraphManager(
+            vllm_config, torch.device("cpu"), CUDAGraphMode.FULL_DECODE_ONLY, 1, runner
+        )
     except BaseException as exc:  # noqa: BLE001 - reported as evidence
         return exc
     return None
@@ -148,8 +180,9 @@ class V2Engine(SimEngine):
 
         self._saved_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # _EXTRA_CTX reads v2's additional_kwargs
-        self._saved_cuda = {a: getattr(torch.cuda, a) for a in _CUDA_ATTRS
-                            if hasattr(torch.cuda, a)}
+        self._saved_cuda = {
+            a: getattr(torch.cuda, a) for a in _CUDA_ATTRS if hasattr(torch.cuda, a)
+        }
         with v2_utils.torch_cuda_wrapper():  # as NPUModelRunner.__init__ (v2) does
             pass
         self.update_stream = torch.npu.Stream()
@@ -158,8 +191,10 @@ class V2Engine(SimEngine):
         mode = CUDAGraphMode.FULL_DECODE_ONLY
         if self.role == "target":
             runner = SimpleNamespace(
-                input_buffers=SimpleNamespace(positions=self.positions), dp_size=1,
-                model_state=self.model_state, update_stream=self.update_stream,
+                input_buffers=SimpleNamespace(positions=self.positions),
+                dp_size=1,
+                model_state=self.model_state,
+                update_stream=self.update_stream,
                 attn_groups=[[SimpleNamespace(backend=AscendAttentionBackend)]],
                 speculative_config=None,
             )
@@ -167,8 +202,9 @@ class V2Engine(SimEngine):
             _, manager_cls = _compat_classes()
             self.manager = manager_cls.__new__(manager_cls)
             self.manager.engine = self
-            manager_cls.__init__(self.manager, self.vllm_config, torch.device("cpu"), mode, 1,
-                                 runner)
+            manager_cls.__init__(
+                self.manager, self.vllm_config, torch.device("cpu"), mode, 1, runner
+            )
         else:
             from vllm_ascend.worker.v2.spec_decode.eagle.aclgraph import (
                 PrefillEagleAclGraphManager,
@@ -176,10 +212,15 @@ class V2Engine(SimEngine):
             from vllm_ascend.worker.v2.spec_decode.eagle.speculator import AscendEagleSpeculator
 
             spec = SimpleNamespace(
-                model=self.model, input_buffers=SimpleNamespace(positions=self.positions),
-                dp_size=1, model_state=self.model_state, update_stream=self.update_stream,
-                attn_backends={"draft": AscendAttentionBackend}, speculative_config=None,
-                draft_attn_layer_names={s.name for s in self.scenario.layers}, input_batch=None,
+                model=self.model,
+                input_buffers=SimpleNamespace(positions=self.positions),
+                dp_size=1,
+                model_state=self.model_state,
+                update_stream=self.update_stream,
+                attn_backends={"draft": AscendAttentionBackend},
+                speculative_config=None,
+                draft_attn_layer_names={s.name for s in self.scenario.layers},
+                input_batch=None,
             )
             spec.build_draft_attn_metadatas = MethodType(
                 AscendEagleSpeculator.build_draft_attn_metadatas, spec
@@ -189,8 +230,10 @@ class V2Engine(SimEngine):
                 self.vllm_config, torch.device("cpu"), mode, self.qlen, spec
             )
         self._batch_rng = random.Random(self.scenario.seed)
-        self._computed = [self._batch_rng.randrange(0, self.scenario.max_kv_len - 2 * self.qlen)
-                          for _ in range(self.max_num_reqs)]
+        self._computed = [
+            self._batch_rng.randrange(0, self.scenario.max_kv_len - 2 * self.qlen)
+            for _ in range(self.max_num_reqs)
+        ]
 
     def close(self) -> None:
         if self._closed:
@@ -209,14 +252,16 @@ class V2Engine(SimEngine):
     def descriptors(self) -> list[Any]:
         from vllm.config import CUDAGraphMode
 
-        return sorted(self.manager._capture_descs.get(CUDAGraphMode.FULL, []),
-                      key=lambda d: d.num_tokens)
+        return sorted(
+            self.manager._capture_descs.get(CUDAGraphMode.FULL, []), key=lambda d: d.num_tokens
+        )
 
     def desc_for(self, num_reqs: int) -> Any:
         return next(d for d in self.descriptors() if d.num_reqs >= num_reqs)
 
-    def metadata(self, num_reqs: int, num_reqs_padded: int, seq_lens: list[int],
-                 capturing: bool) -> dict[str, Any]:
+    def metadata(
+        self, num_reqs: int, num_reqs_padded: int, seq_lens: list[int], capturing: bool
+    ) -> dict[str, Any]:
         """Metadata as the v2 runner builds it: ``qlen`` tokens per request, padded requests."""
         from vllm_ascend.attention.attention_v1 import AscendAttentionState
         from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
@@ -235,32 +280,47 @@ class V2Engine(SimEngine):
             group.block_table[n:nr].fill_(0)
             group.slot_mapping[n * q : nr * q].fill_(-1)
             cm = AscendCommonAttentionMetadata(
-                query_start_loc=qsl[: nr + 1], query_start_loc_cpu=qsl[: nr + 1],
-                seq_lens=self.seq_lens_dev[:nr], _seq_lens_cpu=self.seq_lens_cpu[:nr],
+                query_start_loc=qsl[: nr + 1],
+                query_start_loc_cpu=qsl[: nr + 1],
+                seq_lens=self.seq_lens_dev[:nr],
+                _seq_lens_cpu=self.seq_lens_cpu[:nr],
                 seq_lens_cpu_upper_bound=self.seq_lens_cpu[:nr],
-                seq_lens_cpu=self.seq_lens_cpu[:nr], num_reqs=nr, num_actual_tokens=n * q,
+                seq_lens_cpu=self.seq_lens_cpu[:nr],
+                num_reqs=nr,
+                num_actual_tokens=n * q,
                 max_query_len=q,
                 max_seq_len=self.max_model_len if capturing else int(self.seq_lens_cpu.max()),
                 block_table_tensor=group.block_table[:nr],
                 slot_mapping=group.slot_mapping[: nr * q],
-                causal=True, num_input_tokens=nr * q, positions=self.positions,
-                attn_state=state, decode_token_per_req=q,
+                causal=True,
+                num_input_tokens=nr * q,
+                positions=self.positions,
+                attn_state=state,
+                decode_token_per_req=q,
             )
-            md = (group.builder.build_for_cudagraph_capture(cm) if capturing
-                  else group.builder.build(common_prefix_len=0, common_attn_metadata=cm))
+            md = (
+                group.builder.build_for_cudagraph_capture(cm)
+                if capturing
+                else group.builder.build(common_prefix_len=0, common_attn_metadata=cm)
+            )
             for name in group.layer_names:
                 out[name] = md
         if not self.scenario.has_linear:
             return out
         linear_md = LinearAttnMetadata(
-            num_prefills=0, num_decodes=nr, num_actual_tokens=n * q,
+            num_prefills=0,
+            num_decodes=nr,
+            num_actual_tokens=n * q,
             state_indices=self.linear_state[:nr],
         )
         if self._metadata_order == "layers":  # keys interleaved in model-layer order
-            return {spec.name: (linear_md if spec.kind == "linear" else out[spec.name])
-                    for spec in self.scenario.layers}
-        out.update({spec.name: linear_md for spec in self.scenario.layers
-                    if spec.kind == "linear"})  # attention group first, linear keys after
+            return {
+                spec.name: (linear_md if spec.kind == "linear" else out[spec.name])
+                for spec in self.scenario.layers
+            }
+        out.update(
+            {spec.name: linear_md for spec in self.scenario.layers if spec.kind == "linear"}
+        )  # attention group first, linear keys after
         return out
 
     def capture_metadata(self, desc: Any) -> dict[str, Any]:
@@ -285,16 +345,30 @@ class V2Engine(SimEngine):
             if self.role == "target":
                 self.manager.capture(self.model, self.model_state, None, None, None, None, None)
             else:
-                states = {d: AttentionStatePair(AttentionState(self.capture_metadata(d), {}),
-                                                AttentionState(self.capture_metadata(d), {}))
-                          for d in self.descriptors()}
+                states = {
+                    d: AttentionStatePair(
+                        AttentionState(self.capture_metadata(d), {}),
+                        AttentionState(self.capture_metadata(d), {}),
+                    )
+                    for d in self.descriptors()
+                }
                 spec = self.speculator
 
-                def forward_fn(num_reqs: int, num_tokens: int, attn_metadata: Any,
-                               slot_mappings: Any, num_tokens_across_dp: Any, cg_mode: Any) -> None:
-                    with set_forward_context(attn_metadata, self.vllm_config,
-                                             num_tokens=num_tokens, cudagraph_runtime_mode=cg_mode,
-                                             slot_mapping=None):
+                def forward_fn(
+                    num_reqs: int,
+                    num_tokens: int,
+                    attn_metadata: Any,
+                    slot_mappings: Any,
+                    num_tokens_across_dp: Any,
+                    cg_mode: Any,
+                ) -> None:
+                    with set_forward_context(
+                        attn_metadata,
+                        self.vllm_config,
+                        num_tokens=num_tokens,
+                        cudagraph_runtime_mode=cg_mode,
+                        slot_mapping=None,
+                    ):
                         out = spec.model(self.input_ids[:num_tokens], self.positions[:num_tokens])
                     self.hidden_out[:num_tokens] = out
 
@@ -305,10 +379,11 @@ class V2Engine(SimEngine):
         import vllm_ascend.compilation.acl_graph as acl_graph
 
         sizes = list(self.scenario.capture_sizes)
-        for get, put in ((acl_graph.get_graph_params, acl_graph.set_graph_params),
-                         (acl_graph.get_draft_graph_params, acl_graph.set_draft_graph_params),
-                         (acl_graph.get_draft_graph_prefill_params,
-                          acl_graph.set_draft_graph_prefill_params)):  # fmt: skip
+        for get, put in (
+            (acl_graph.get_graph_params, acl_graph.set_graph_params),
+            (acl_graph.get_draft_graph_params, acl_graph.set_draft_graph_params),
+            (acl_graph.get_draft_graph_prefill_params, acl_graph.set_draft_graph_prefill_params),
+        ):
             if get() is None:
                 put(sizes)
 
@@ -344,9 +419,16 @@ class V2Engine(SimEngine):
             group.slot_mapping[: n * q] = slots
 
     def _block_rows(self, batch: V2Batch) -> torch.Tensor:
-        return torch.tensor([[1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
-                              for b in range(self.max_blocks)] for s in batch.slots],
-                            dtype=torch.int32)
+        return torch.tensor(
+            [
+                [
+                    1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
+                    for b in range(self.max_blocks)
+                ]
+                for s in batch.slots
+            ],
+            dtype=torch.int32,
+        )
 
     def _token_slots(self, batch: V2Batch) -> torch.Tensor:
         """The flat KV slot each of this step's query tokens is written to."""
@@ -380,8 +462,9 @@ class V2Engine(SimEngine):
         with set_current_vllm_config(self.vllm_config):
             self._load(batch, t)
             md = self.metadata(n, n, batch.seq_lens, capturing=False)
-            with set_forward_context(md, self.vllm_config, num_tokens=t,
-                                     cudagraph_runtime_mode=CUDAGraphMode.NONE):
+            with set_forward_context(
+                md, self.vllm_config, num_tokens=t, cudagraph_runtime_mode=CUDAGraphMode.NONE
+            ):
                 out = self.model(self.input_ids[:t], self.positions[:t])
             torch.npu.synchronize()
         return out[:t].clone()
@@ -391,9 +474,11 @@ class V2Engine(SimEngine):
         graph run of the same batch sees the same cache. Same effect as ``snapshot_kv`` /
         ``restore_kv`` around it, without cloning every cache each step."""
         slots = self._token_slots(batch)
-        flat = {layer.spec.name: layer.kv_cache.view(2, -1, *layer.kv_cache.shape[3:])
-                for layer in self.layers
-                if layer.kv_cache is not None and layer.spec.kv_sharing_target is None}
+        flat = {
+            layer.spec.name: layer.kv_cache.view(2, -1, *layer.kv_cache.shape[3:])
+            for layer in self.layers
+            if layer.kv_cache is not None and layer.spec.kv_sharing_target is None
+        }
         saved = {name: kv[:, slots].clone() for name, kv in flat.items()}
         out = self.run_v2_eager(batch)
         for name, kv in flat.items():
