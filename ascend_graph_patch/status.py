@@ -84,9 +84,10 @@ def snapshot(check: bool = False) -> dict[str, Any]:
     s = state.STATE
     gates = dict(s.gate)
     if s.mode != settings.OFF:
-        from ascend_graph_patch.aspects import GROUPS
+        from ascend_graph_patch import gate
+        from ascend_graph_patch.aspects import groups
 
-        for group, modules in GROUPS.items():
+        for group, modules in groups(gate.candidate_line()).items():
             if group not in gates:
                 waiting = ", ".join(m for m in modules if m not in s.modules_seen)
                 gates[group] = {"verdict": "pending", "reason": f"modules not loaded: {waiting}"}

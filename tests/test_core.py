@@ -9,13 +9,32 @@ import pytest
 import torch
 
 from ascend_graph_patch.core.graph import (
+    CaptureRefused,
     DraftSource,
     OwnedGraph,
     ResolutionError,
     TargetSource,
     UpdateTask,
 )
-from ascend_graph_patch.core.providers import FIAProvider, FIAV2Provider, PAProvider
+from ascend_graph_patch.core.kinds import DRAFT, FIA, FIA_V2, PA, TARGET
+from ascend_graph_patch.core.tasks import make_provider
+from ascend_graph_patch.lines.v0_23 import LINE
+
+
+def provider(
+    kind=FIA,
+    role=TARGET,
+    *,
+    workspace=lambda: "ws",
+    sliding_window=None,
+    sparse_mode=3,
+    runtime=None,
+    template=None,
+):
+    """The provider the task factory builds for ``kind`` on the supported line."""
+    fields = {"sliding_window": sliding_window}
+    template = template if template is not None else {"sparse_mode": sparse_mode}
+    return make_provider(LINE.layouts[kind], fields, template, role, runtime, workspace)
 
 
 class FakeRuntime:
@@ -70,7 +89,7 @@ def make_task(runtime, name, key, step=0, provider=None, op=None, kind="fia"):
         event=FakeEvent(runtime, f"e-{name}-{step}"),
         op=op or (lambda **kw: (runtime.calls.append(("op", name, step)), launched.append(kw))),
         template={"query": "q", "block_table": "captured"},
-        provider=provider or FIAProvider(workspace=lambda: "ws"),
+        provider=provider or globals()["provider"](),
     )
     return task, launched
 
@@ -145,7 +164,7 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
     for step in range(3):
         for name in ("mtp.0", "mtp.1"):
             task, launched = make_task(
-                runtime, name, name, step, FIAProvider(workspace=lambda: None, draft=True)
+                runtime, name, name, step, provider(role=DRAFT, workspace=lambda: None)
             )
             graph.add(task)
             tasks[(name, step)] = launched
@@ -171,7 +190,7 @@ def test_draft_with_too_few_steps_refuses(runtime):
 def test_duplicate_task_key_is_rejected(runtime):
     graph = OwnedGraph(role="draft", descriptor=4)
     graph.add(make_task(runtime, "mtp.0", "mtp.0", step=0)[0])
-    with pytest.raises(ResolutionError, match="duplicate"):
+    with pytest.raises(CaptureRefused, match="duplicate"):
         graph.add(make_task(runtime, "mtp.0", "mtp.0", step=0)[0])
 
 
@@ -191,28 +210,48 @@ def bound(provider, md, launch=None, cache=None):
 def test_sliding_window_keeps_the_captured_block_table():
     table = torch.arange(4).view(1, 4)
     md = metadata([4], [3], table=table)
-    swa = bound(FIAProvider(workspace=lambda: None, rebind_block_table=False), md)
-    dense = bound(FIAProvider(workspace=lambda: None), md)
-    draft = FIAProvider(workspace=lambda: None, rebind_block_table=False, draft=True)
+    swa = bound(provider(sliding_window=64), md)
+    dense = bound(provider(), md)
+    draft = provider(role=DRAFT, sliding_window=64)
     assert "block_table" not in swa
     assert dense["block_table"] is table
     assert bound(draft, md)["block_table"] is table  # drafts always rebind
 
 
+def test_fia_binds_the_fields_stock_binds():
+    md = metadata([2, 4], [7, 9])
+    launch = bound(provider(), md)
+    assert launch["actual_seq_lengths"] is md.actual_seq_lengths_q
+    assert launch["actual_seq_lengths_kv"] is md.seq_lens_list
+    assert launch["workspace"] == "ws" and "sparse_mode" not in launch  # target: captured mode
+    v2 = bound(provider(FIA_V2), md)
+    assert v2["actual_seq_qlen"] is md.actual_seq_lengths_q
+    assert v2["actual_seq_kvlen"] is md.seq_lens_list and "block_table" not in v2
+
+
 def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode():
-    provider = FIAProvider(workspace=lambda: None, draft=True, sparse_mode=3)
-    launch = bound(provider, metadata([1], [1], causal=False))
+    draft = provider(role=DRAFT, workspace=lambda: None, sparse_mode=3)
+    launch = bound(draft, metadata([1], [1], causal=False))
     assert launch["sparse_mode"] == 0
-    assert bound(provider, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
+    assert bound(draft, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
 
 
 def test_graph_workspace_is_read_once_per_pass():
     reads = []
     getter = lambda: reads.append(1) or "ws"  # noqa: E731
-    provider = FIAV2Provider(workspace=getter)
+    v2 = provider(FIA_V2, workspace=getter)
     cache: dict = {}
     for _ in range(5):
-        assert bound(provider, metadata([4], [1]), cache=cache)["workspace"] == "ws"
+        assert bound(v2, metadata([4], [1]), cache=cache)["workspace"] == "ws"
+    assert len(reads) == 1
+
+
+def test_a_graph_without_a_captured_workspace_reads_it_once_too():
+    reads = []
+    v2 = provider(FIA_V2, workspace=lambda: reads.append(1))
+    cache: dict = {}
+    for _ in range(3):
+        assert bound(v2, metadata([4], [1]), cache=cache)["workspace"] is None
     assert len(reads) == 1
 
 
@@ -225,27 +264,35 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
 
     query = torch.zeros(4, 2, 8)
     cache_t = torch.zeros(3, 16, 1, 8)
-    template = {
-        "query": query,
-        "key_cache": cache_t,
-        "value_cache": cache_t,
-        "num_kv_heads": 1,
-        "num_heads": 2,
-        "scale_value": 1.0,
-        "block_table": None,
-        "context_lens": None,
-        "out": query,
-        "workspace": None,
-    }
-    provider = PAProvider(
-        workspace_for=get_workspace, shape_signature=PAProvider.signature_of(template)
-    )
+
+    def template_with(table):
+        return {
+            "query": query,
+            "key_cache": cache_t,
+            "value_cache": cache_t,
+            "num_kv_heads": 1,
+            "num_heads": 2,
+            "scale_value": 1.0,
+            "block_table": table,
+            "context_lens": None,
+            "out": query,
+            "workspace": None,
+        }
+
+    template = template_with(torch.zeros(4, 2, dtype=torch.int32))
+    runtime = SimpleNamespace(_npu_paged_attention_get_workspace=get_workspace)
+    pa = provider(PA, runtime=runtime, template=template)
     md = metadata([4], [5, 6, 7, 8])
     cache: dict = {}
-    a = bound(provider, md, dict(template), cache)
-    b = bound(provider, md, dict(template), cache)
+    a = bound(pa, md, dict(template), cache)
+    b = bound(pa, md, dict(template), cache)
     assert a["context_lens"] is md.seq_lens and a["workspace"] is b["workspace"]
     assert len(calls) == 1 and calls[0] is md.seq_lens
     other = metadata([4], [1, 1, 1, 1])
-    assert bound(provider, other, dict(template), cache)["workspace"].numel() == 4
+    assert bound(pa, other, dict(template), cache)["workspace"].numel() == 4
     assert len(calls) == 2
+    # a block table of another shape is another signature: never handed the same workspace
+    wider = template_with(torch.zeros(4, 8, dtype=torch.int32))
+    pa_wide = provider(PA, runtime=runtime, template=wider)
+    assert bound(pa_wide, md, dict(wider), cache)["workspace"] is not a["workspace"]
+    assert len(calls) == 3

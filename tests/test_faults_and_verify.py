@@ -6,7 +6,7 @@ import pytest
 
 from ascend_graph_patch.aspects import attention, replay, verify
 from ascend_graph_patch.core.graph import OwnedGraph, ResolutionError, TargetSource
-from ascend_graph_patch.core.providers import FIAProvider, PAProvider
+from ascend_graph_patch.core.providers import GraphWorkspaceProvider, LengthsWorkspaceProvider
 from tests.overlay_support import bitwise_equal, run_arm
 
 STEPS = 30
@@ -40,7 +40,7 @@ def test_resolution_fault_falls_back_to_stock_for_that_step(
 
 
 def test_provider_exception_falls_back(engine_factory, stock_dense, mocker) -> None:
-    mocker.patch.object(FIAProvider, "bind", side_effect=KeyError("seq_lens_list"))
+    mocker.patch.object(GraphWorkspaceProvider, "bind", side_effect=KeyError("seq_lens_list"))
     arm = run_arm(engine_factory, "dense_gqa", "on", steps=STEPS)
     assert bitwise_equal(arm.outputs, stock_dense.outputs)
     assert arm.counters["fallback.resolution"] == STEPS
@@ -109,26 +109,26 @@ def test_task_groups_the_overlay_did_not_register_leave_the_graph_to_stock(
 
 
 def test_verify_catches_a_wrong_provider(engine_factory, stock_dense, mocker) -> None:
-    original = FIAProvider.bind
+    original = GraphWorkspaceProvider.bind
 
     def lying(self, metadata, launch, cache):
         original(self, metadata, launch, cache)
         launch["actual_seq_lengths_kv"] = [n + 1 for n in launch["actual_seq_lengths_kv"]]
 
-    mocker.patch.object(FIAProvider, "bind", lying)
+    mocker.patch.object(GraphWorkspaceProvider, "bind", lying)
     arm = run_arm(engine_factory, "dense_gqa", "verify", steps=STEPS)
     assert arm.counters["verify.mismatches"] == STEPS * 4  # every task, every step
     assert bitwise_equal(arm.outputs, stock_dense.outputs)  # verify applies stock
 
 
 def test_strict_verify_raises_a_readable_diff(engine_factory, mocker, monkeypatch) -> None:
-    original = PAProvider.bind
+    original = LengthsWorkspaceProvider.bind
 
     def lying(self, metadata, launch, cache):
         original(self, metadata, launch, cache)
         launch["context_lens"] = launch["context_lens"] * 0
 
-    mocker.patch.object(PAProvider, "bind", lying)
+    mocker.patch.object(LengthsWorkspaceProvider, "bind", lying)
     monkeypatch.setenv("ASCEND_GRAPH_PATCH_STRICT", "1")
     arm = run_arm(engine_factory, "paged_attention", "verify", steps=3)
     assert isinstance(arm.error, verify.VerifyMismatch)

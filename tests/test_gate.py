@@ -55,7 +55,7 @@ def test_changed_signature_is_refused(seams, monkeypatch, capfd) -> None:
 def test_missing_method_is_refused(seams, monkeypatch, capfd) -> None:
     attn, _ = seams
     monkeypatch.delattr(_impl(attn), "full_graph_fia_v2")
-    _enable_and_expect_refusal(capfd, "lacks full_graph_fia_v2")
+    _enable_and_expect_refusal(capfd, "AscendAttentionBackendImpl.full_graph_fia_v2 is missing")
 
 
 def test_marker_of_the_newer_line_is_refused(seams, monkeypatch, capfd) -> None:
@@ -84,7 +84,9 @@ def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(
     engine_factory, monkeypatch
 ) -> None:
     stock = run_arm(engine_factory, "dense_gqa", "off", steps=20)
-    drifted = dataclasses.replace(LINES[0], tuple_arity={**LINES[0].tuple_arity, "fia": 21})
+    line = LINES[0]
+    fia = dataclasses.replace(line.layouts["fia"], fields=line.layouts["fia"].fields[:-1])
+    drifted = dataclasses.replace(line, layouts={**line.layouts, "fia": fia})
     monkeypatch.setattr(gate, "LINES", (drifted,))
     arm = run_arm(engine_factory, "dense_gqa", "on", steps=20)
     assert bitwise_equal(arm.outputs, stock.outputs)

@@ -151,20 +151,20 @@ def test_non_causal_steps_follow_stock(overlay: Callable[[str], None]) -> None:
     graph task keeps the causal split-fuse mask under sparse_mode 0 (applied top-left). The overlay
     reproduces stock on purpose (owning the update must not change what the kernel computes).
     """
-    from ascend_graph_patch.core.providers import FIAProvider
+    from ascend_graph_patch.core.providers import GraphWorkspaceProvider
 
     sc = DRAFT_SCENARIOS["mtp_non_causal"]
     stock = run_arm(sc, steps=8)
     overlay("on")
     seen: list[int] = []
-    original = FIAProvider.bind
+    original = GraphWorkspaceProvider.bind
 
-    def spy(self: FIAProvider, metadata, launch, cache):  # noqa: ANN001
+    def spy(self: GraphWorkspaceProvider, metadata, launch, cache):  # noqa: ANN001
         original(self, metadata, launch, cache)
         seen.append(launch["sparse_mode"])
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(FIAProvider, "bind", spy)
+        mp.setattr(GraphWorkspaceProvider, "bind", spy)
         ours = run_arm(sc, steps=8)
     assert_bitwise(ours, stock)
     assert 0 in seen and 3 in seen  # step 0 causal (3), steps 1-2 non-causal (0)

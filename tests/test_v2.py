@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from ascend_graph_patch.core.providers import FIA, FIA_V2, PA
+from ascend_graph_patch.core.kinds import FIA, FIA_V2, PA
 from torch_npu_sim.harness.scenarios import SCENARIOS
 from torch_npu_sim.harness.target import LayerSpec, Scenario
 

@@ -14,12 +14,12 @@ from typing import Any
 import vllm.envs as vllm_envs
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
-from vllm_ascend.compilation import acl_graph
 
 from ascend_graph_patch import state
-from ascend_graph_patch.aspects import context
+from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.guard import aspect_error
-from ascend_graph_patch.core.graph import DRAFT, DRAFT_PREFILL, TARGET, OwnedGraph
+from ascend_graph_patch.core.graph import OwnedGraph
+from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
 ASPECT = "capture.v1"
@@ -54,30 +54,23 @@ def current_role(forward_context: Any = None) -> str:
     return TARGET
 
 
-def graph_buckets() -> tuple[Any, ...]:
-    return (
-        acl_graph.get_graph_params(),
-        acl_graph.get_draft_graph_params(),
-        acl_graph.get_draft_graph_prefill_params(),
-    )
-
-
-def open_scope(owner: Any, role: str, descriptor: Any) -> context.CaptureScope:
-    buckets = graph_buckets()
-    return context.CaptureScope(
+def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
+    assert shared.ACTIVE is not None
+    graph_params = shared.stock_graph_params(shared.ACTIVE.line)
+    return shared.CaptureScope(
         owner=owner,
         graph=OwnedGraph(role=role, descriptor=descriptor),
-        buckets=buckets,
-        handles_before=context.total_handles(buckets),
+        graph_params=graph_params,
+        handles_before=shared.total_handles(graph_params),
     )
 
 
-def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
+def close_scope(scope: shared.CaptureScope, graph: Any, aspect: str) -> None:
     """Own `graph` if the scope registered every task group its capture created."""
     owned = scope.graph
     if graph is None:
         return
-    grown = context.total_handles(scope.buckets) - scope.handles_before
+    grown = shared.total_handles(scope.graph_params) - scope.handles_before
     reason = scope.failure
     if reason is None and grown != len(owned.tasks):
         reason = (
@@ -93,8 +86,8 @@ def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
     state.mark_effective(aspect)
 
 
-def _begin(instance: Any) -> context.CaptureScope | None:
-    if context.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
+def _begin(instance: Any) -> shared.CaptureScope | None:
+    if shared.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
         return None
     forward_context = get_forward_context()
     if forward_context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
@@ -114,11 +107,11 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         scope = None
     if scope is None:
         return wrapped(*args, **kwargs)
-    token = context.CURRENT_SCOPE.set(scope)
+    token = shared.CURRENT_SCOPE.set(scope)
     try:
         output = wrapped(*args, **kwargs)
     finally:
-        context.CURRENT_SCOPE.reset(token)
+        shared.CURRENT_SCOPE.reset(token)
     try:
         entry = instance.concrete_aclgraph_entries.get(scope.graph.descriptor)
         close_scope(scope, getattr(entry, "aclgraph", None), ASPECT)

@@ -13,24 +13,25 @@ from typing import Any
 import torch
 
 from ascend_graph_patch import state
-from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, context, verify
+from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, verify
+from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import current_role
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import (
-    TARGET,
     DraftSource,
     OwnedGraph,
     ResolutionError,
     ResolvedTask,
     TargetSource,
 )
+from ascend_graph_patch.core.kinds import TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
 ASPECT = "replay.update"
 _SKIP = object()
 
 
-def _arguments(active: context.Active, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+def _arguments(active: shared.Active, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
     """(update_stream, forward_context, draft_attn_metadatas) of a stock update call."""
     params = active.line.update_params
     if not kwargs and len(args) == len(params):  # how update_full_graph_params calls it
@@ -40,10 +41,10 @@ def _arguments(active: context.Active, args: tuple, kwargs: dict) -> tuple[Any, 
     return values["update_stream"], values["forward_context"], values.get("draft_attn_metadatas")
 
 
-def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
+def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
     update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
     role = current_role(forward_context)
-    replay = context.CURRENT_REPLAY.get()
+    replay = shared.CURRENT_REPLAY.get()
     descriptor = replay[1] if replay is not None else forward_context.batch_descriptor
     owned = REGISTRY.lookup(role, descriptor)
     if owned is None:
@@ -79,7 +80,7 @@ def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) 
 
 
 def _verify(
-    active: context.Active,
+    active: shared.Active,
     stock: Any,
     args: tuple,
     kwargs: dict,
@@ -100,7 +101,7 @@ def _verify(
         _apply(owned, resolved, update_stream)
         return
     try:
-        problems = verify.compare(resolved, dry, active.line.dynamic_args)
+        problems = verify.compare(resolved, dry, active.line.layouts)
     except Exception as exc:  # a comparison bug of ours: stock still updates this step
         aspect_error(ASPECT + ".verify", exc)
         problems = []
@@ -115,7 +116,7 @@ def _verify(
 
 
 def update_graph_params(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    active = context.ACTIVE
+    active = shared.ACTIVE
     if active is None:
         return wrapped(*args, **kwargs)
     try:

@@ -9,12 +9,14 @@ on the arguments that change per step. Outside a dry run the interceptors pass s
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ascend_graph_patch.core.graph import ResolvedTask
+from ascend_graph_patch.lines.base import TaskLayout
 
 
 @dataclass
@@ -114,7 +116,7 @@ def _short(value: Any) -> str:
 
 
 def compare(
-    resolved: list[ResolvedTask], dry: DryRun, dynamic_args: dict[str, tuple[str, ...]]
+    resolved: list[ResolvedTask], dry: DryRun, layouts: Mapping[str, TaskLayout]
 ) -> list[str]:
     """Readable differences between the overlay's and stock's launches, one line each."""
     problems: list[str] = []
@@ -130,7 +132,7 @@ def compare(
         if stock_kind != task.kind:
             problems.append(f"{label}: stock relaunched it as {stock_kind}")
             continue
-        for name in dynamic_args.get(task.kind, ()):
+        for name in layouts[task.kind].dynamic_args:
             ours, theirs = kwargs.get(name), stock_kwargs.get(name)
             if not _same(ours, theirs):
                 problems.append(

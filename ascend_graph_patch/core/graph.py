@@ -13,13 +13,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-TARGET = "target"
-DRAFT = "draft"
-DRAFT_PREFILL = "draft_prefill"
+from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
+
+__all__ = [
+    "DRAFT",
+    "DRAFT_PREFILL",
+    "TARGET",
+    "CaptureRefused",
+    "DraftSource",
+    "OwnedGraph",
+    "ResolutionError",
+    "ResolvedTask",
+    "TargetSource",
+    "UpdateTask",
+]
+
+
+class CaptureRefused(Exception):
+    """At capture: a task group cannot be owned, so its whole graph is left to stock."""
 
 
 class ResolutionError(Exception):
-    """Fresh parameters for a task could not be computed; the step must go to stock."""
+    """At replay: fresh parameters for a task could not be computed; the step goes to stock."""
 
 
 class Provider(Protocol):
@@ -118,7 +133,7 @@ class OwnedGraph:
     def add(self, task: UpdateTask) -> None:
         key = task.key
         if key in self._keys:
-            raise ResolutionError(f"duplicate task key {key}")
+            raise CaptureRefused(f"duplicate task key {key}")
         self._keys.add(key)
         self.tasks.append(task)
         self._bindings = None

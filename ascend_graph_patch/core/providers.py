@@ -1,100 +1,106 @@
-"""Per-task providers: which metadata fields feed which launch arguments, per attention kind.
+"""Per-task providers: write, from one step's metadata, the launch arguments that change.
 
-They mirror what the stock update rebinds, so the overlay launches exactly what stock would:
-- FIA: query ends and KV lengths; the block table too, except on sliding-window target layers
-  (rebinding it there corrupts output upstream); drafts always rebind it and drop to sparse mode 0
-  when the step is not causal. The workspace is the graph's captured one, read once per pass.
-- FIA v2 (sinks): query ends and KV lengths; the captured workspace.
-- PA: context lengths, and a workspace recomputed from them, shared within one pass by tasks with
-  the same signature.
+What each one rebinds comes from the line's layout (relaunch keyword <- metadata attribute), so the
+overlay relaunches exactly what stock relaunches. The two shapes differ only in the workspace:
+
+- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace, read once per
+  pass; FIA also rebinds the block table where stock does, and drops a draft step that is not
+  causal to sparse mode 0, as stock does;
+- :class:`LengthsWorkspaceProvider` (PA): a workspace recomputed from the fresh context lengths,
+  shared within one pass by tasks whose lengths object and static shapes are the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-FIA = "fia"
-FIA_V2 = "fia_v2"
-PA = "pa"
-KINDS = (FIA, FIA_V2, PA)
+
+def reader(attributes: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """One C call reading every attribute of a metadata object, always as a tuple."""
+    if len(attributes) == 1:
+        single = attrgetter(attributes[0])
+        return lambda metadata: (single(metadata),)
+    return attrgetter(*attributes)
 
 
-def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
-    """The graph's captured workspace, read once per pass (all tasks of a graph share it)."""
-    key = id(getter)
-    try:
-        return cache[key]
-    except KeyError:
-        workspace = cache[key] = getter()
-        return workspace
+_MISSING = object()
 
 
 @dataclass(slots=True)
-class FIAProvider:
-    workspace: Callable[[], Any]
-    rebind_block_table: bool = True
-    draft: bool = False
-    sparse_mode: int = 3  # the captured one; drafts drop to 0 on non-causal steps
-    kind: str = FIA
+class GraphWorkspaceProvider:
+    """FIA / FIA v2: fresh lengths (and block table), the graph's captured workspace."""
+
+    kind: str
+    keys: tuple[str, ...]  # relaunch keywords, in the order ``read`` returns their values
+    read: Callable[[Any], tuple]
+    workspace: Callable[[], Any]  # the graph's captured workspace (one getter per graph)
+    causal: Callable[[Any], bool] | None = None  # drafts: is this step causal?
+    sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch["actual_seq_lengths"] = metadata.actual_seq_lengths_q
-        launch["actual_seq_lengths_kv"] = metadata.seq_lens_list
-        launch["workspace"] = _graph_workspace(self.workspace, cache)
-        if self.draft or self.rebind_block_table:
-            launch["block_table"] = metadata.block_tables
-        if self.draft:
-            launch["sparse_mode"] = self.sparse_mode if metadata.causal else 0
+        launch.update(zip(self.keys, self.read(metadata), strict=True))
+        getter = self.workspace
+        workspace = cache.get(getter, _MISSING)
+        if workspace is _MISSING:
+            workspace = cache[getter] = getter()
+        launch["workspace"] = workspace
+        if self.causal is not None:
+            launch["sparse_mode"] = self.sparse_mode if self.causal(metadata) else 0
 
 
-@dataclass(slots=True)
-class FIAV2Provider:
-    workspace: Callable[[], Any]
-    kind: str = FIA_V2
-
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch["actual_seq_qlen"] = metadata.actual_seq_lengths_q
-        launch["actual_seq_kvlen"] = metadata.seq_lens_list
-        launch["workspace"] = _graph_workspace(self.workspace, cache)
-
-
+#: Static shape signatures, interned to small ints: cheap to hash once per task per step.
 _SHAPE_KEYS: dict[tuple, int] = {}
 
 
 def shape_key(signature: tuple) -> int:
-    """A small int standing for a static shape signature: cheap to hash once per task per step."""
     return _SHAPE_KEYS.setdefault(signature, len(_SHAPE_KEYS))
 
 
-@dataclass(slots=True)
-class PAProvider:
-    workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
-    shape_signature: int = 0  # shape_key() of what else the workspace size depends on
-    kind: str = PA
+def pa_signature(template: dict[str, Any]) -> int:
+    """Everything besides the lengths that a PA workspace can depend on.
 
-    @staticmethod
-    def signature_of(template: dict[str, Any]) -> int:
-        query, key_cache = template["query"], template["key_cache"]
-        return shape_key(
-            (
-                tuple(query.shape),
-                query.dtype,
-                tuple(key_cache.shape),
-                template["num_kv_heads"],
-                template["num_heads"],
-            )
+    The real getter receives query, caches, head counts, scale, block table and context lengths;
+    the values of the caches, query and table do not size a workspace, their shapes and dtypes
+    may. Two tasks of one pass with the same lengths object and this signature share one.
+    """
+    query, key_cache, table = template["query"], template["key_cache"], template["block_table"]
+    return shape_key(
+        (
+            tuple(query.shape),
+            query.dtype,
+            tuple(key_cache.shape),
+            key_cache.dtype,
+            tuple(table.shape),
+            table.dtype,
+            template["num_kv_heads"],
+            template["num_heads"],
         )
+    )
+
+
+@dataclass(slots=True)
+class LengthsWorkspaceProvider:
+    """PA: fresh context lengths and a workspace recomputed from them (shared within a pass)."""
+
+    kind: str
+    lengths_key: str  # the relaunch keyword of the context lengths
+    lengths: Callable[[Any], Any]  # metadata -> the context lengths
+    workspace_for: Callable[..., Any]  # torch_npu's workspace getter for this op
+    signature: int = 0  # pa_signature() of the task's static arguments
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        context_lens = metadata.seq_lens
-        signature = (id(context_lens), self.shape_signature)
-        workspace = cache.get(signature)
+        lengths = self.lengths(metadata)
+        key = (id(lengths), self.signature)
+        workspace = cache.get(key)
         if workspace is None:
             args = {k: v for k, v in launch.items() if k != "workspace"}
-            args["context_lens"] = context_lens
-            workspace = self.workspace_for(**args)
-            cache[signature] = workspace
-        launch["context_lens"] = context_lens
+            args[self.lengths_key] = lengths
+            workspace = cache[key] = self.workspace_for(**args)
+        launch[self.lengths_key] = lengths
         launch["workspace"] = workspace
+
+
+Provider = GraphWorkspaceProvider | LengthsWorkspaceProvider
