@@ -11,12 +11,16 @@ import torch
 from ascend_graph_patch.core.graph import (
     CaptureRefused,
     DraftSource,
+    MetadataFault,
     OwnedGraph,
     ResolutionError,
+    RuntimeFault,
+    StepFault,
     TargetSource,
     UpdateTask,
 )
 from ascend_graph_patch.core.kinds import DRAFT, FIA, FIA_V2, PA, TARGET
+from ascend_graph_patch.core.registry import GraphRegistry
 from ascend_graph_patch.core.tasks import make_provider
 from ascend_graph_patch.lines.v0_23 import LINE
 
@@ -119,16 +123,41 @@ def test_apply_runs_the_protocol_once_per_task_in_capture_order(runtime):
     assert l0[0]["workspace"] == "ws" and l0[0]["query"] == "q"
 
 
-def test_missing_metadata_key_fails_before_any_runtime_call(runtime):
-    graph = OwnedGraph(role="target", descriptor=4)
+def two_tasks(runtime, **kw):
+    graph = OwnedGraph(role="target", descriptor=4, **kw)
     graph.add(make_task(runtime, "layers.0", "layers.0")[0])
     graph.add(make_task(runtime, "layers.1", "layers.1")[0])
-    with pytest.raises(ResolutionError, match="layers.1"):
-        graph.resolve(TargetSource({"layers.0": metadata([4], [1])}))
-    assert runtime.calls == []
+    return graph
 
 
-def test_provider_exception_becomes_resolution_error(runtime):
+@pytest.mark.parametrize(
+    ("metadata_of_layer_1", "error"),
+    [
+        ("missing", KeyError),  # the key is not in the dict
+        (None, AttributeError),  # the entry is None
+        (SimpleNamespace(num_actual_tokens=4), AttributeError),  # another kind of metadata
+    ],
+)
+def test_unreadable_metadata_is_a_step_fault_carrying_stock_s_error(
+    runtime, metadata_of_layer_1, error
+):
+    """Stock reads the same fields of the same entry: it raises the same kind of error."""
+    md = {"layers.0": metadata([4], [1])}
+    if metadata_of_layer_1 != "missing":
+        md["layers.1"] = metadata_of_layer_1
+    with pytest.raises(MetadataFault, match="layers.1") as caught:
+        two_tasks(runtime).resolve(TargetSource(md))
+    assert isinstance(caught.value.error, error)
+    assert runtime.calls == []  # before any runtime call
+
+
+def test_metadata_that_is_not_a_mapping_is_a_step_fault(runtime):
+    with pytest.raises(MetadataFault) as caught:
+        two_tasks(runtime).resolve(TargetSource(None))
+    assert isinstance(caught.value.error, TypeError)
+
+
+def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
 
@@ -137,24 +166,78 @@ def test_provider_exception_becomes_resolution_error(runtime):
 
     graph = OwnedGraph(role="target", descriptor=4)
     graph.add(make_task(runtime, "layers.0", "layers.0", provider=Broken())[0])
-    with pytest.raises(ResolutionError, match="boom"):
+    with pytest.raises(ResolutionError, match="boom") as caught:
         graph.resolve(TargetSource({"layers.0": metadata([4], [1])}))
+    assert not isinstance(caught.value, StepFault)  # stock, on intact metadata, takes the step
 
 
-def test_failed_launch_still_records_every_remaining_event(runtime):
+def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
+    def getter(**kw):
+        raise RuntimeError("aclnn workspace failed")
+
+    template = {
+        "query": torch.zeros(4, 2, 8),
+        "key_cache": torch.zeros(3, 16, 1, 8),
+        "block_table": torch.zeros(4, 2, dtype=torch.int32),
+        "num_kv_heads": 1,
+        "num_heads": 2,
+    }
+    runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=getter)
+    pa = provider(PA, runtime=runtime_ns, template=template)
+    graph = OwnedGraph(role="target", descriptor=4)
+    graph.add(make_task(runtime, "layers.0", "layers.0", provider=pa, kind=PA)[0])
+    with pytest.raises(RuntimeFault) as caught:
+        graph.resolve(TargetSource({"layers.0": metadata([4], [1, 2, 3, 4])}))
+    assert str(caught.value.error) == "aclnn workspace failed"
+
+
+def three_tasks_failing_at_b(runtime, replay_first=True, fail="op"):
     def failing(**kw):
         raise RuntimeError("launch failed")
 
-    graph = OwnedGraph(role="target", descriptor=4)
+    graph = OwnedGraph(role="target", descriptor=4, replay_first=replay_first)
     graph.add(make_task(runtime, "a", "a")[0])
-    graph.add(make_task(runtime, "b", "b", op=failing)[0])
+    task_b = make_task(runtime, "b", "b", op=failing if fail == "op" else None)[0]
+    if fail == "record":
+        task_b.event = SimpleNamespace(record=lambda s: (_ for _ in ()).throw(OSError("record")))
+    graph.add(task_b)
     graph.add(make_task(runtime, "c", "c")[0])
     md = {k: metadata([4], [1]) for k in "abc"}
-    with pytest.raises(RuntimeError, match="launch failed"):
-        graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
+    return graph, graph.resolve(TargetSource(md))
+
+
+def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(runtime):
+    graph, resolved = three_tasks_failing_at_b(runtime)
+    with pytest.raises(RuntimeError, match="launch failed") as caught:
+        graph.apply(resolved, "upd", runtime)
     records = [c[1] for c in runtime.calls if c[0] == "record"]
-    assert records == ["e-a-0", "e-b-0", "e-c-0"]
+    assert records == ["e-a-0", "e-b-0", "e-c-0"]  # a updated; b and c released, not updated
     assert runtime.calls.count(("end",)) == 2  # the failed update scope is closed too
+    assert any("fia b (2 of 3) failed; 2 pending event(s)" in n for n in caught.value.__notes__)
+
+
+def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime):
+    """ENPU / 310P order: no replay waits yet, and the failure stops it from being launched;
+    a record now would be a second one when the next step's update records again."""
+    graph, resolved = three_tasks_failing_at_b(runtime, replay_first=False)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        graph.apply(resolved, "upd", runtime)
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
+
+
+def test_a_failed_record_is_not_retried(runtime):
+    graph, resolved = three_tasks_failing_at_b(runtime, fail="record")
+    with pytest.raises(OSError, match="record"):
+        graph.apply(resolved, "upd", runtime)
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0", "e-c-0"]
+
+
+def test_release_records_every_event_unless_the_runner_updates_first(runtime):
+    assert two_tasks(runtime).release("upd") == 2
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-layers.0-0", "e-layers.1-0"]
+    runtime.calls.clear()
+    assert two_tasks(runtime, replay_first=False).release("upd") == 0
+    assert runtime.calls == []
 
 
 def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
@@ -180,11 +263,12 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
         assert tasks[("mtp.0", step)][0]["sparse_mode"] == 3  # the captured mode, causal step
 
 
-def test_draft_with_too_few_steps_refuses(runtime):
+def test_draft_with_too_few_steps_is_a_step_fault(runtime):
     graph = OwnedGraph(role="draft", descriptor=4)
     graph.add(make_task(runtime, "mtp.0", "mtp.0", step=1)[0])
-    with pytest.raises(ResolutionError, match="draft step 1 missing"):
+    with pytest.raises(MetadataFault, match=r"draft step 1 \(1 step\(s\) given\)") as caught:
         graph.resolve(DraftSource([{"mtp.0": metadata([1], [1])}]))
+    assert isinstance(caught.value.error, IndexError)
 
 
 def test_duplicate_task_key_is_rejected(runtime):
@@ -296,3 +380,56 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
     pa_wide = provider(PA, runtime=runtime, template=wider)
     assert bound(pa_wide, md, dict(wider), cache)["workspace"] is not a["workspace"]
     assert len(calls) == 3
+
+
+# --- the registry: a rebuilt engine's graphs are found, not an old one's ------------------------
+
+
+class Owner:
+    """A graph wrapper stand-in (weakly referenceable, like ACLGraphWrapper)."""
+
+
+class Graph:
+    """An NPUGraph stand-in."""
+
+
+def registered(registry, owner, descriptor=4, role="target"):
+    graph = Graph()
+    owned = OwnedGraph(role=role, descriptor=descriptor)
+    registry.register(owner, graph, owned)
+    return graph, owned
+
+
+def test_the_replaying_owner_finds_its_own_graph_while_an_older_one_is_alive():
+    registry = GraphRegistry()
+    old_owner, new_owner = Owner(), Owner()
+    old = registered(registry, old_owner)
+    new = registered(registry, new_owner)
+    assert registry.live_owners("target", 4) == 2
+    assert registry.lookup("target", 4, old_owner) is old[1]
+    assert registry.lookup("target", 4, new_owner) is new[1]
+    assert registry.lookup("target", 4) is new[1]  # no owner known: the newest
+    assert registry.lookup("draft", 4) is None and registry.lookup("target", 8) is None
+
+
+def test_an_owner_whose_graph_was_refused_gets_none_not_another_engine_s_graph():
+    registry = GraphRegistry()
+    owner, other = Owner(), Owner()
+    keep = registered(registry, other)
+    registry.refuse(owner, "target", 4, "an attention kind it does not own")
+    assert registry.lookup("target", 4, owner) is None
+    assert registry.refused[("target", 4)] == "an attention kind it does not own"
+    assert keep
+
+
+def test_dropped_graphs_leave_the_registry():
+    import gc
+
+    registry = GraphRegistry()
+    old_owner, new_owner = Owner(), Owner()
+    old_graph, _ = registered(registry, old_owner)
+    new = registered(registry, new_owner)
+    del old_graph, old_owner
+    gc.collect()
+    assert registry.live_owners("target", 4) == 1
+    assert registry.graphs() == [new[1]]

@@ -124,3 +124,15 @@ def test_cli_status_from_a_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["status", "--from", str(tmp_path)]) == 0
     assert "per_process.1.rank: 1" in " ".join(capsys.readouterr().out.split())
     assert cli.main(["status", "--from", str(tmp_path / "empty")]) == 1
+
+
+def test_status_says_when_the_overlay_may_not_load_at_all() -> None:
+    from ascend_graph_patch import status
+
+    on = {"ASCEND_GRAPH_PATCH": "on"}
+    assert not any("VLLM_PLUGINS" in w for w in status.loader_warnings(on))
+    restrictive = status.loader_warnings({**on, "VLLM_PLUGINS": "ascend"})
+    assert any("leaves out ascend_graph_patch" in w for w in restrictive)
+    allowed = {**on, "VLLM_PLUGINS": "ascend,ascend_graph_patch"}
+    assert not any("VLLM_PLUGINS" in w for w in status.loader_warnings(allowed))
+    assert status.loader_warnings({"VLLM_PLUGINS": "ascend"}) == []  # off: nothing to load

@@ -57,9 +57,11 @@ def current_role(forward_context: Any = None) -> str:
 def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
     assert shared.ACTIVE is not None
     graph_params = shared.stock_graph_params(shared.ACTIVE.line)
+    # v1 wrappers built for ENPU / 310P update before they replay; everything else replays first
+    replay_first = not getattr(owner, "enable_enpu", False)
     return shared.CaptureScope(
         owner=owner,
-        graph=OwnedGraph(role=role, descriptor=descriptor),
+        graph=OwnedGraph(role=role, descriptor=descriptor, replay_first=replay_first),
         graph_params=graph_params,
         handles_before=shared.total_handles(graph_params),
     )
@@ -86,7 +88,11 @@ def close_scope(scope: shared.CaptureScope, graph: Any, aspect: str) -> None:
     state.mark_effective(aspect)
 
 
-def _begin(instance: Any) -> shared.CaptureScope | None:
+_CAPTURE, _REPLAY = "capture", "replay"
+
+
+def _classify(instance: Any) -> tuple[str, Any, Any] | None:
+    """("capture" | "replay", forward context, descriptor) of a FULL call; None otherwise."""
     if shared.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
         return None
     forward_context = get_forward_context()
@@ -95,17 +101,31 @@ def _begin(instance: Any) -> shared.CaptureScope | None:
     descriptor = forward_context.batch_descriptor
     entry = instance.concrete_aclgraph_entries.get(descriptor)
     if entry is not None and entry.aclgraph is not None:
-        return None  # a replay
-    return open_scope(instance, current_role(forward_context), descriptor)
+        return _REPLAY, forward_context, descriptor
+    return _CAPTURE, forward_context, descriptor
 
 
 def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        scope = _begin(instance)
+        call = _classify(instance)
     except Exception as exc:
         aspect_error(ASPECT, exc)
-        scope = None
-    if scope is None:
+        call = None
+    if call is None:
+        return wrapped(*args, **kwargs)
+    what, forward_context, descriptor = call
+    if what == _REPLAY:
+        output = wrapped(*args, **kwargs)
+        try:  # the update that follows is this wrapper's graph's (unless it updates first)
+            if not getattr(instance, "enable_enpu", False):
+                shared.note_replay(current_role(forward_context), instance, descriptor)
+        except Exception as exc:
+            aspect_error(ASPECT, exc)
+        return output
+    try:
+        scope = open_scope(instance, current_role(forward_context), descriptor)
+    except Exception as exc:
+        aspect_error(ASPECT, exc)
         return wrapped(*args, **kwargs)
     token = shared.CURRENT_SCOPE.set(scope)
     try:
@@ -113,7 +133,7 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     finally:
         shared.CURRENT_SCOPE.reset(token)
     try:
-        entry = instance.concrete_aclgraph_entries.get(scope.graph.descriptor)
+        entry = instance.concrete_aclgraph_entries.get(descriptor)
         close_scope(scope, getattr(entry, "aclgraph", None), ASPECT)
     except Exception as exc:
         aspect_error(ASPECT, exc)

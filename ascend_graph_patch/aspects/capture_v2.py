@@ -185,7 +185,7 @@ def run_fullgraph(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         return wrapped(*args, **kwargs)
     try:
         desc = args[0] if args else kwargs["desc"]
-        token = shared.CURRENT_REPLAY.set((manager_role(instance), desc))
+        token = shared.CURRENT_REPLAY.set((manager_role(instance), desc, instance))
     except Exception as exc:
         aspect_error(ASPECT, exc)
         return wrapped(*args, **kwargs)

@@ -8,6 +8,7 @@ returns to the stock code after one context-variable read.
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,7 +79,23 @@ LayerIdentity = tuple[str | None, str | None]
 CURRENT_LAYER: contextvars.ContextVar[LayerIdentity | None] = contextvars.ContextVar(
     "ascend_graph_patch_layer", default=None
 )
-# v2 replays update inside run_fullgraph with batch_descriptor=None: the manager's descriptor.
-CURRENT_REPLAY: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+# v2 replays update inside run_fullgraph with batch_descriptor=None: (role, descriptor, manager).
+CURRENT_REPLAY: contextvars.ContextVar[tuple[str, Any, Any] | None] = contextvars.ContextVar(
     "ascend_graph_patch_replay", default=None
 )
+
+# v1: role -> (weakref(wrapper), descriptor) of the last graph a replay-first wrapper replayed;
+# the update that follows it (the runner's order) takes it, so it updates exactly that graph.
+_LAST_REPLAY: dict[str, tuple[Any, Any]] = {}
+
+
+def note_replay(role: str, owner: Any, descriptor: Any) -> None:
+    _LAST_REPLAY[role] = (weakref.ref(owner), descriptor)
+
+
+def take_replay(role: str, descriptor: Any) -> Any:
+    """The owner that just replayed ``(role, descriptor)``, or None (consumed either way)."""
+    noted = _LAST_REPLAY.pop(role, None)
+    if noted is None or noted[1] != descriptor:
+        return None
+    return noted[0]()

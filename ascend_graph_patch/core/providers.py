@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+from ascend_graph_patch.core.graph import MetadataFault, RuntimeFault
+
+#: What reading a metadata object that is None, of another type or lacking a field raises.
+_UNREADABLE = (AttributeError, TypeError)
+
 
 def reader(attributes: tuple[str, ...]) -> Callable[[Any], tuple]:
     """One C call reading every attribute of a metadata object, always as a tuple."""
@@ -41,14 +46,18 @@ class GraphWorkspaceProvider:
     sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch.update(zip(self.keys, self.read(metadata), strict=True))
+        try:
+            launch.update(zip(self.keys, self.read(metadata), strict=True))
+            causal = True if self.causal is None else self.causal(metadata)
+        except _UNREADABLE as exc:
+            raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
         getter = self.workspace
         workspace = cache.get(getter, _MISSING)
         if workspace is _MISSING:
             workspace = cache[getter] = getter()
         launch["workspace"] = workspace
         if self.causal is not None:
-            launch["sparse_mode"] = self.sparse_mode if self.causal(metadata) else 0
+            launch["sparse_mode"] = self.sparse_mode if causal else 0
 
 
 #: Static shape signatures, interned to small ints: cheap to hash once per task per step.
@@ -92,13 +101,19 @@ class LengthsWorkspaceProvider:
     signature: int = 0  # pa_signature() of the task's static arguments
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        lengths = self.lengths(metadata)
+        try:
+            lengths = self.lengths(metadata)
+        except _UNREADABLE as exc:
+            raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
         key = (id(lengths), self.signature)
         workspace = cache.get(key)
         if workspace is None:
             args = {k: v for k, v in launch.items() if k != "workspace"}
             args[self.lengths_key] = lengths
-            workspace = cache[key] = self.workspace_for(**args)
+            try:
+                workspace = cache[key] = self.workspace_for(**args)
+            except Exception as exc:  # stock calls the same getter with the same arguments
+                raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
         launch[self.lengths_key] = lengths
         launch["workspace"] = workspace
 
