@@ -36,13 +36,6 @@ def enable(mode: str) -> None:
         if _mode is not None:
             return
         _mode = mode
-        from ascend_graph_patch import settings
-
-        directory = settings.status_dir()
-        if directory is not None:
-            from ascend_graph_patch import status_files
-
-            status_files.start(directory)
         from ascend_graph_patch import trigger
 
         trigger.arm(_start)

@@ -22,15 +22,16 @@ PACKAGE = "vllm_ascend"
 class _CallbackLoader:
     """The package's own loader, which first calls back (then steps aside)."""
 
-    def __init__(self, inner: Any, callback: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, callbacks: list[Callable[[], None]]) -> None:
         self._inner = inner
-        self._callback = callback
+        self._callbacks = callbacks
 
     def create_module(self, spec: Any) -> Any:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        self._callback()  # must not raise: the callback contains its own errors
+        for callback in self._callbacks:
+            callback()  # must not raise: each callback contains its own errors
         module.__loader__ = self._inner
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._inner
@@ -43,8 +44,8 @@ class _CallbackLoader:
 class Trigger:
     """Meta-path finder answering for nothing: it only notices the first import of PACKAGE."""
 
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback = callback
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != PACKAGE:
@@ -55,7 +56,7 @@ class Trigger:
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _CallbackLoader(spec.loader, self.callback)
+                    spec.loader = _CallbackLoader(spec.loader, self.callbacks)
                 return spec
         return None
 
@@ -64,8 +65,13 @@ def arm(callback: Callable[[], None]) -> None:
     """Call ``callback`` when vllm_ascend starts to load (now, if it already has)."""
     if PACKAGE in sys.modules:
         callback()
-    elif not any(isinstance(f, Trigger) for f in sys.meta_path):
-        sys.meta_path.insert(0, Trigger(callback))
+        return
+    trigger = next((f for f in sys.meta_path if isinstance(f, Trigger)), None)
+    if trigger is None:
+        trigger = Trigger()
+        sys.meta_path.insert(0, trigger)
+    if callback not in trigger.callbacks:
+        trigger.callbacks.append(callback)
 
 
 def disarm() -> None:
