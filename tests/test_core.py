@@ -160,8 +160,9 @@ def test_metadata_that_is_not_a_mapping_is_a_step_fault(runtime):
 def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
+        group = -1
 
-        def bind(self, md, launch, cache):
+        def values(self, md, cache):
             raise RuntimeError("boom")
 
     graph = OwnedGraph(role="target", descriptor=4)
@@ -320,26 +321,40 @@ def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode()
     assert bound(draft, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
 
 
-def test_graph_workspace_is_read_once_per_pass():
+def test_tasks_of_one_kv_group_share_one_computation_of_their_values(runtime):
+    """The layers of a KV-cache group read one metadata object: the fresh values (and the
+    graph's workspace) are computed once for all of them, each task gets its own launch dict."""
     reads = []
     getter = lambda: reads.append(1) or "ws"  # noqa: E731
-    v2 = provider(FIA_V2, workspace=getter)
-    cache: dict = {}
-    for _ in range(5):
-        assert bound(v2, metadata([4], [1]), cache=cache)["workspace"] == "ws"
-    assert len(reads) == 1
+    graph = OwnedGraph(role="target", descriptor=4)
+    launched = {}
+    for i in range(5):
+        task, launched[i] = make_task(
+            runtime, f"l{i}", f"l{i}", provider=provider(FIA_V2, workspace=getter)
+        )
+        graph.add(task)
+    shared_md = metadata([4], [1])
+    other_md = metadata([4], [2])
+    md = {"l0": shared_md, "l1": shared_md, "l2": other_md, "l3": shared_md, "l4": other_md}
+    graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
+    assert len(reads) == 2  # one per distinct metadata object
+    kvs = [launched[i][0]["actual_seq_kvlen"] for i in range(5)]
+    assert kvs == [[1], [1], [2], [1], [2]]
+    launches = [launched[i][0] for i in range(5)]
+    assert len({id(launch) for launch in launches}) == 5
 
 
-def test_a_graph_without_a_captured_workspace_reads_it_once_too():
-    reads = []
-    v2 = provider(FIA_V2, workspace=lambda: reads.append(1))
-    cache: dict = {}
-    for _ in range(3):
-        assert bound(v2, metadata([4], [1]), cache=cache)["workspace"] is None
-    assert len(reads) == 1
+def test_a_graph_without_a_captured_workspace_binds_none(runtime):
+    graph = OwnedGraph(role="target", descriptor=4)
+    task, launched = make_task(
+        runtime, "l0", "l0", provider=provider(FIA_V2, workspace=lambda: None)
+    )
+    graph.add(task)
+    graph.apply(graph.resolve(TargetSource({"l0": metadata([4], [1])})), "upd", runtime)
+    assert launched[0]["workspace"] is None
 
 
-def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
+def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature(runtime):
     calls = []
 
     def get_workspace(**kw):
@@ -364,22 +379,24 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
         }
 
     template = template_with(torch.zeros(4, 2, dtype=torch.int32))
-    runtime = SimpleNamespace(_npu_paged_attention_get_workspace=get_workspace)
-    pa = provider(PA, runtime=runtime, template=template)
-    md = metadata([4], [5, 6, 7, 8])
-    cache: dict = {}
-    a = bound(pa, md, dict(template), cache)
-    b = bound(pa, md, dict(template), cache)
-    assert a["context_lens"] is md.seq_lens and a["workspace"] is b["workspace"]
-    assert len(calls) == 1 and calls[0] is md.seq_lens
-    other = metadata([4], [1, 1, 1, 1])
-    assert bound(pa, other, dict(template), cache)["workspace"].numel() == 4
-    assert len(calls) == 2
-    # a block table of another shape is another signature: never handed the same workspace
     wider = template_with(torch.zeros(4, 8, dtype=torch.int32))
-    pa_wide = provider(PA, runtime=runtime, template=wider)
-    assert bound(pa_wide, md, dict(wider), cache)["workspace"] is not a["workspace"]
-    assert len(calls) == 3
+    runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=get_workspace)
+    graph = OwnedGraph(role="target", descriptor=4)
+    launched = {}
+    for name, tmpl in (("a", template), ("b", template), ("c", wider)):
+        pa = provider(PA, runtime=runtime_ns, template=tmpl)
+        task, launched[name] = make_task(runtime, name, name, provider=pa, kind=PA)
+        graph.add(task)
+    md = metadata([4], [5, 6, 7, 8])
+    graph.apply(graph.resolve(TargetSource({"a": md, "b": md, "c": md})), "upd", runtime)
+    a, b, c = (launched[n][0] for n in "abc")
+    assert a["context_lens"] is md.seq_lens and a["workspace"] is b["workspace"]
+    # a block table of another shape is another signature: never handed the same workspace
+    assert c["workspace"] is not a["workspace"]
+    assert len(calls) == 2 and calls[0] is md.seq_lens
+    other = metadata([4], [1, 1, 1, 1])
+    graph.apply(graph.resolve(TargetSource({"a": other, "b": other, "c": md})), "upd", runtime)
+    assert launched["a"][-1]["workspace"].numel() == 4 and len(calls) == 4
 
 
 # --- the registry: a rebuilt engine's graphs are found, not an old one's ------------------------

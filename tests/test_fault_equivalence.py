@@ -151,7 +151,7 @@ FAULTS: dict[str, Callable[[], Any]] = {
 }
 FAULTS_OVERLAY_ONLY = {
     # bugs of ours: stock has no provider and no registration step, and is not affected
-    "provider raises": lambda: nth_call_raises(GraphWorkspaceProvider, "bind", 2, RuntimeError),
+    "provider raises": lambda: nth_call_raises(GraphWorkspaceProvider, "values", 1, RuntimeError),
 }
 
 

@@ -157,14 +157,15 @@ def test_non_causal_steps_follow_stock(overlay: Callable[[str], None]) -> None:
     stock = run_arm(sc, steps=8)
     overlay("on")
     seen: list[int] = []
-    original = GraphWorkspaceProvider.bind
+    original = GraphWorkspaceProvider.values
 
-    def spy(self: GraphWorkspaceProvider, metadata, launch, cache):  # noqa: ANN001
-        original(self, metadata, launch, cache)
-        seen.append(launch["sparse_mode"])
+    def spy(self: GraphWorkspaceProvider, metadata, cache):  # noqa: ANN001
+        values = original(self, metadata, cache)
+        seen.append(values["sparse_mode"])
+        return values
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(GraphWorkspaceProvider, "bind", spy)
+        mp.setattr(GraphWorkspaceProvider, "values", spy)
         ours = run_arm(sc, steps=8)
     assert_bitwise(ours, stock)
     assert 0 in seen and 3 in seen  # step 0 causal (3), steps 1-2 non-causal (0)

@@ -351,10 +351,15 @@ def _shift_first_task() -> None:
         def kind(self) -> str:
             return self.original.kind
 
-        def bind(self, metadata: Any, launch: dict, cache: dict) -> None:
-            self.original.bind(metadata, launch, cache)
-            kv = list(launch["actual_seq_lengths_kv"])
-            launch["actual_seq_lengths_kv"] = kv[1:] + kv[:1]
+        @property
+        def group(self) -> int:
+            return -1  # its own group: the other tasks must not share its shifted values
+
+        def values(self, metadata: Any, cache: dict) -> dict:
+            values = self.original.values(metadata, cache)
+            kv = list(values["actual_seq_lengths_kv"])
+            values["actual_seq_lengths_kv"] = kv[1:] + kv[:1]
+            return values
 
     for graph in REGISTRY.graphs():
         graph.tasks[0].provider = Shifted(graph.tasks[0].provider)

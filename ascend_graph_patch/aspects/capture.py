@@ -8,10 +8,8 @@ only if every task group the stock capture appended to `GraphParams` was registe
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import vllm.envs as vllm_envs
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
 
@@ -25,29 +23,22 @@ from ascend_graph_patch.core.registry import REGISTRY
 ASPECT = "capture.v1"
 
 
-_v2_cache: list[Any] = [object(), False]  # (raw environment value, parsed value)
-
-
-def _v2_runner() -> bool:
-    """`vllm.envs.VLLM_USE_V2_MODEL_RUNNER`, re-parsed only when the raw variable changes."""
-    raw = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if raw != _v2_cache[0]:
-        _v2_cache[:] = [raw, bool(vllm_envs.VLLM_USE_V2_MODEL_RUNNER)]
-    return _v2_cache[1]
+_MISSING = object()
 
 
 def current_role(forward_context: Any = None) -> str:
-    """Target / draft / draft prefill, read where vllm-ascend's `_EXTRA_CTX` proxy reads it.
+    """Target / draft / draft prefill, read where vllm-ascend's ``_EXTRA_CTX`` proxy reads it.
 
-    The proxy checks the runner version on every attribute; reading it once here keeps the replay
-    path's cost down while returning exactly what `_EXTRA_CTX.is_draft_model(_prefill)` would.
+    The proxy reads the flags from forward-context attributes with model runner v1 and from
+    ``additional_kwargs`` with v2 (deciding by the environment on every access); v1 always sets
+    the attributes and v2 never does, so their presence decides here, at no cost.
     """
     fc = forward_context if forward_context is not None else get_forward_context()
-    if _v2_runner():
+    draft = getattr(fc, "is_draft_model", _MISSING)
+    if draft is _MISSING:  # model runner v2
         extra = fc.additional_kwargs
         draft, prefill = extra.get("is_draft_model"), extra.get("is_draft_model_prefill")
     else:
-        draft = getattr(fc, "is_draft_model", None)
         prefill = getattr(fc, "is_draft_model_prefill", None)
     if draft:
         return DRAFT_PREFILL if prefill else DRAFT

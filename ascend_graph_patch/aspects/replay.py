@@ -148,8 +148,7 @@ def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) 
             f"would. {where.removeprefix('ascend-graph-patch: ')}",
         )
         raise
-    state.count("updates.owned")
-    state.count("tasks.updated", len(resolved))
+    state.count_update(len(resolved))
     state.mark_effective(ASPECT)
 
 

@@ -96,6 +96,6 @@ def note_replay(role: str, owner: Any, descriptor: Any) -> None:
 def take_replay(role: str, descriptor: Any) -> Any:
     """The owner that just replayed ``(role, descriptor)``, or None (consumed either way)."""
     noted = _LAST_REPLAY.pop(role, None)
-    if noted is None or noted[1] != descriptor:
+    if noted is None or (noted[1] is not descriptor and noted[1] != descriptor):
         return None
     return noted[0]()

@@ -71,15 +71,12 @@ class RuntimeFault(StepFault):
 
 
 class Provider(Protocol):
-    """Writes the launch arguments that change per step, read from one metadata object."""
+    """Computes, from one metadata object, the launch arguments that change per step."""
 
     kind: str
+    group: int  # providers configured alike share a group: their values are computed once
 
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None: ...
-
-
-class MetadataSource(Protocol):
-    def lookup(self, metadata_key: str, step: int) -> Any: ...
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]: ...
 
 
 class TargetSource:
@@ -90,11 +87,8 @@ class TargetSource:
     def __init__(self, attn_metadata: Mapping[str, Any]) -> None:
         self.attn_metadata = attn_metadata
 
-    def lookup(self, metadata_key: str, step: int) -> Any:
-        try:
-            return self.attn_metadata[metadata_key]
-        except (KeyError, TypeError, IndexError) as exc:
-            raise MetadataFault(f"no metadata for {metadata_key!r}", exc) from exc
+    def missing(self, metadata_key: str, step: int) -> str:
+        return f"no metadata for {metadata_key!r}"
 
 
 class DraftSource:
@@ -105,15 +99,12 @@ class DraftSource:
     def __init__(self, per_step: Sequence[Mapping[str, Any]] | None) -> None:
         self.per_step = per_step
 
-    def lookup(self, metadata_key: str, step: int) -> Any:
-        try:
-            return self.per_step[step][metadata_key]  # type: ignore[index]
-        except (KeyError, TypeError, IndexError) as exc:
-            given = len(self.per_step) if isinstance(self.per_step, Sequence) else 0
-            raise MetadataFault(
-                f"no metadata for {metadata_key!r} at draft step {step} ({given} step(s) given)",
-                exc,
-            ) from exc
+    def missing(self, metadata_key: str, step: int) -> str:
+        given = len(self.per_step) if isinstance(self.per_step, Sequence) else 0
+        return f"no metadata for {metadata_key!r} at draft step {step} ({given} step(s) given)"
+
+
+_NONE = object()
 
 
 @dataclass(eq=False, slots=True)
@@ -170,6 +161,7 @@ class OwnedGraph:
     # what it returns, so a replay step allocates nothing but the providers' fresh values.
     _bindings: list[tuple] | None = field(default=None, repr=False)
     _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
+    _launches: list[tuple] = field(default_factory=list, repr=False)
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
@@ -188,29 +180,45 @@ class OwnedGraph:
 
     def _prepare(self) -> list[tuple]:
         self._bindings = [
-            (t.metadata_key, t.step, t.provider.bind, t.launch, t) for t in self.tasks
+            (t.metadata_key, t.step, t.provider, t.provider.group, t.launch, t) for t in self.tasks
         ]
         self._resolved = [(t, t.launch) for t in self.tasks]
+        self._launches = [(t.op, t.handle, t.event, t.launch) for t in self.tasks]
         return self._bindings
 
-    def resolve(self, source: MetadataSource) -> list[ResolvedTask]:
+    def resolve(self, source: TargetSource | DraftSource) -> list[ResolvedTask]:
         """Bind every task's fresh launch arguments, before any update-scope runtime call.
 
-        Nothing the runtime or the stock path can see changes; see the module docstring for what
-        each failure means.
+        Tasks whose providers are configured alike and read the same metadata object (the layers
+        of one KV-cache group) share one computation of the fresh values. Nothing the runtime or
+        the stock path can see changes; see the module docstring for what each failure means.
         """
         bindings = self._bindings if self._bindings is not None else self._prepare()
+        draft = isinstance(source, DraftSource)
+        table: Any = source.per_step if draft else source.attn_metadata
         cache: dict = {}
-        lookup = source.lookup
-        for metadata_key, step, bind, launch, task in bindings:
+        last_metadata: Any = _NONE
+        last_group = -1
+        values: dict[str, Any] = {}
+        for metadata_key, step, provider, group, launch, task in bindings:
             try:
-                bind(lookup(metadata_key, step), launch, cache)
-            except StepFault as fault:
-                fault.args = (f"{task.label}: {fault.args[0]}",)
-                raise
-            except Exception as exc:  # a bug of ours: stock, reading the same metadata, is fine
-                raise ResolutionError(f"{task.label}: provider failed: {exc!r}") from exc
-        return list(self._resolved)
+                metadata = table[step][metadata_key] if draft else table[metadata_key]
+            except (KeyError, TypeError, IndexError) as exc:
+                message = f"{task.label}: {source.missing(metadata_key, step)}"
+                raise MetadataFault(message, exc) from exc
+            if metadata is not last_metadata or group != last_group:
+                shared = cache.get((group, id(metadata)))
+                if shared is None:
+                    try:
+                        shared = cache[(group, id(metadata))] = provider.values(metadata, cache)
+                    except StepFault as fault:
+                        fault.args = (f"{task.label}: {fault.args[0]}",)
+                        raise
+                    except Exception as exc:  # a bug of ours: stock, reading the same, is fine
+                        raise ResolutionError(f"{task.label}: provider failed: {exc!r}") from exc
+                values, last_metadata, last_group = shared, metadata, group
+            launch.update(values)
+        return self._resolved
 
     def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
         """Update each task once and record its event, on ``update_stream``.
@@ -221,25 +229,31 @@ class OwnedGraph:
         """
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
+        launches = (
+            self._launches
+            if resolved is self._resolved
+            else [(t.op, t.handle, t.event, kwargs) for t, kwargs in resolved]
+        )
         done = 0
-        recording = False
+        record_failed = False
         try:
             with runtime.stream(update_stream):
-                for task, kwargs in resolved:
-                    begin(update_stream, task.handle)
+                for op, handle, event, kwargs in launches:
+                    begin(update_stream, handle)
                     try:
-                        task.op(**kwargs)
+                        op(**kwargs)
                     except BaseException:
                         _quietly(end, update_stream)  # close the scope; keep the op's error
                         raise
                     end(update_stream)
-                    recording = True
-                    task.event.record(update_stream)
-                    recording = False
+                    try:
+                        event.record(update_stream)
+                    except BaseException:
+                        record_failed = True  # not retried: it may have half happened
+                        raise
                     done += 1
         except BaseException as exc:
-            # a record that raised is not retried (it may have half happened: a double record)
-            pending = [task for task, _ in resolved[done + recording :]]
+            pending = [task for task, _ in resolved[done + record_failed :]]
             released = self.release(update_stream, pending)
             failed = resolved[done][0].label if done < len(resolved) else "the update"
             exc.add_note(

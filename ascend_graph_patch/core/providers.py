@@ -1,19 +1,25 @@
-"""Per-task providers: write, from one step's metadata, the launch arguments that change.
+"""Per-task providers: the launch arguments that change per step, from one step's metadata.
 
 What each one rebinds comes from the line's layout (relaunch keyword <- metadata attribute), so the
 overlay relaunches exactly what stock relaunches. The two shapes differ only in the workspace:
 
-- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace, read once per
-  pass; FIA also rebinds the block table where stock does, and drops a draft step that is not
-  causal to sparse mode 0, as stock does;
-- :class:`LengthsWorkspaceProvider` (PA): a workspace recomputed from the fresh context lengths,
-  shared within one pass by tasks whose lengths object and static shapes are the same.
+- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace; FIA also rebinds
+  the block table where stock does, and drops a draft step that is not causal to sparse mode 0,
+  as stock does;
+- :class:`LengthsWorkspaceProvider` (PA): a workspace recomputed from the fresh context lengths.
+
+A provider computes its fresh values for one metadata object (``values``). The layers of a KV-cache
+group share one metadata object, and tasks with the same provider configuration (``group``)
+share the values too: the graph computes them once per (group, metadata object) and each task
+then only takes them into its launch dict (``OwnedGraph.resolve``). Reading a metadata object that
+lacks what stock reads is a :class:`MetadataFault`; a failing workspace getter a
+:class:`RuntimeFault`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -21,6 +27,13 @@ from ascend_graph_patch.core.graph import MetadataFault, RuntimeFault
 
 #: What reading a metadata object that is None, of another type or lacking a field raises.
 _UNREADABLE = (AttributeError, TypeError)
+
+#: Provider configurations, interned to small ints: tasks of one group share their values.
+_GROUPS: dict[tuple, int] = {}
+
+
+def group_of(config: tuple) -> int:
+    return _GROUPS.setdefault(config, len(_GROUPS))
 
 
 def reader(attributes: tuple[str, ...]) -> Callable[[Any], tuple]:
@@ -31,36 +44,41 @@ def reader(attributes: tuple[str, ...]) -> Callable[[Any], tuple]:
     return attrgetter(*attributes)
 
 
-_MISSING = object()
-
-
 @dataclass(slots=True)
 class GraphWorkspaceProvider:
     """FIA / FIA v2: fresh lengths (and block table), the graph's captured workspace."""
 
     kind: str
     keys: tuple[str, ...]  # relaunch keywords, in the order ``read`` returns their values
-    read: Callable[[Any], tuple]
+    attributes: tuple[str, ...]  # the metadata attributes ``read`` reads
     workspace: Callable[[], Any]  # the graph's captured workspace (one getter per graph)
-    causal: Callable[[Any], bool] | None = None  # drafts: is this step causal?
+    causal: str | None = None  # drafts: the metadata attribute saying whether a step is causal
     sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
+    read: Callable[[Any], tuple] = field(init=False)
+    group: int = field(init=False)
 
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+    def __post_init__(self) -> None:
+        attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
+        self.read = reader(attributes)
+        self.group = group_of((self.kind, self.keys, attributes, id(self.workspace),
+                               self.sparse_mode if self.causal is not None else None))  # fmt: skip
+
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
         try:
-            launch.update(zip(self.keys, self.read(metadata), strict=True))
-            causal = True if self.causal is None else self.causal(metadata)
+            read = self.read(metadata)
         except _UNREADABLE as exc:
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
-        getter = self.workspace
-        workspace = cache.get(getter, _MISSING)
-        if workspace is _MISSING:
-            workspace = cache[getter] = getter()
-        launch["workspace"] = workspace
+        values = dict(zip(self.keys, read, strict=False))  # a causal flag read last is left out
+        values["workspace"] = self.workspace()
         if self.causal is not None:
-            launch["sparse_mode"] = self.sparse_mode if causal else 0
+            values["sparse_mode"] = self.sparse_mode if read[-1] else 0
+        return values
+
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+        launch.update(self.values(metadata, cache))
 
 
-#: Static shape signatures, interned to small ints: cheap to hash once per task per step.
+#: Static shape signatures, interned to small ints.
 _SHAPE_KEYS: dict[tuple, int] = {}
 
 
@@ -76,46 +94,45 @@ def pa_signature(template: dict[str, Any]) -> int:
     may. Two tasks of one pass with the same lengths object and this signature share one.
     """
     query, key_cache, table = template["query"], template["key_cache"], template["block_table"]
-    return shape_key(
-        (
-            tuple(query.shape),
-            query.dtype,
-            tuple(key_cache.shape),
-            key_cache.dtype,
-            tuple(table.shape),
-            table.dtype,
-            template["num_kv_heads"],
-            template["num_heads"],
-        )
-    )
+    return shape_key((
+        tuple(query.shape), query.dtype, tuple(key_cache.shape), key_cache.dtype,
+        tuple(table.shape), table.dtype, template["num_kv_heads"], template["num_heads"],
+    ))  # fmt: skip
 
 
 @dataclass(slots=True)
 class LengthsWorkspaceProvider:
-    """PA: fresh context lengths and a workspace recomputed from them (shared within a pass)."""
+    """PA: fresh context lengths and a workspace recomputed from them."""
 
     kind: str
     lengths_key: str  # the relaunch keyword of the context lengths
-    lengths: Callable[[Any], Any]  # metadata -> the context lengths
+    attribute: str  # the metadata attribute holding them
     workspace_for: Callable[..., Any]  # torch_npu's workspace getter for this op
+    template: dict[str, Any]  # the getter's other arguments: the task's static ones
     signature: int = 0  # pa_signature() of the task's static arguments
+    lengths: Callable[[Any], Any] = field(init=False)
+    static: dict[str, Any] = field(init=False)  # the getter's other arguments, set once
+    group: int = field(init=False)
 
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+    def __post_init__(self) -> None:
+        self.lengths = attrgetter(self.attribute)
+        skip = (self.lengths_key, "workspace")
+        self.static = {k: v for k, v in self.template.items() if k not in skip}
+        self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
+
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
         try:
             lengths = self.lengths(metadata)
         except _UNREADABLE as exc:
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
-        key = (id(lengths), self.signature)
-        workspace = cache.get(key)
-        if workspace is None:
-            args = {k: v for k, v in launch.items() if k != "workspace"}
-            args[self.lengths_key] = lengths
-            try:
-                workspace = cache[key] = self.workspace_for(**args)
-            except Exception as exc:  # stock calls the same getter with the same arguments
-                raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
-        launch[self.lengths_key] = lengths
-        launch["workspace"] = workspace
+        try:  # stock calls the same getter with the same arguments
+            workspace = self.workspace_for(**self.static, **{self.lengths_key: lengths})
+        except Exception as exc:
+            raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
+        return {self.lengths_key: lengths, "workspace": workspace}
+
+    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
+        launch.update(self.values(metadata, cache))
 
 
 Provider = GraphWorkspaceProvider | LengthsWorkspaceProvider

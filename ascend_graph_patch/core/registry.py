@@ -22,6 +22,11 @@ from typing import Any
 from ascend_graph_patch.core.graph import OwnedGraph
 
 
+def _tokens(descriptor: Any) -> Any:
+    """The cheap part of a batch descriptor (v1 and v2 descriptors both carry num_tokens)."""
+    return getattr(descriptor, "num_tokens", descriptor)
+
+
 def _ref(owner: Any) -> Any:
     try:
         return weakref.ref(owner)
@@ -32,8 +37,11 @@ def _ref(owner: Any) -> Any:
 class GraphRegistry:
     def __init__(self) -> None:
         self._owned: weakref.WeakKeyDictionary[Any, OwnedGraph] = weakref.WeakKeyDictionary()
-        # (role, descriptor) -> [(weakref(owner), weakref(graph))], oldest first
-        self._index: dict[tuple[str, Any], list[tuple[Any, weakref.ref]]] = {}
+        # (role, num_tokens) -> [(descriptor, [(weakref(owner), weakref(graph), weakref(owned))])]
+        # with the entries oldest first. Descriptors hash and compare in Python (dataclasses):
+        # the int key finds the few candidates, identity (the dispatcher hands out the
+        # descriptors it captured with) or equality picks one.
+        self._index: dict[tuple[str, Any], list[tuple[Any, list[tuple[Any, Any, Any]]]]] = {}
         #: (role, descriptor) -> why the newest graph captured for it was left to stock
         self.refused: dict[tuple[str, Any], str] = {}
 
@@ -41,7 +49,7 @@ class GraphRegistry:
         key = (owned.role, owned.descriptor)
         entries = self._live(key)
         entries[:] = [e for e in entries if e[0]() is not owner]  # a recapture replaces
-        entries.append((_ref(owner), weakref.ref(graph)))
+        entries.append((_ref(owner), weakref.ref(graph), weakref.ref(owned)))
         self._owned[graph] = owned
         self.refused.pop(key, None)
 
@@ -52,22 +60,32 @@ class GraphRegistry:
         entries[:] = [e for e in entries if e[0]() is not owner]
         self.refused[key] = reason
 
-    def _live(self, key: tuple[str, Any]) -> list[tuple[Any, weakref.ref]]:
-        entries = self._index.setdefault(key, [])
+    def _entries(self, role: str, descriptor: Any) -> list[tuple[Any, Any, Any]] | None:
+        for known, entries in self._index.get((role, _tokens(descriptor)), ()):
+            if known is descriptor or known == descriptor:
+                return entries
+        return None
+
+    def _live(self, key: tuple[str, Any]) -> list[tuple[Any, Any, Any]]:
+        role, descriptor = key
+        entries = self._entries(role, descriptor)
+        if entries is None:
+            entries = []
+            self._index.setdefault((role, _tokens(descriptor)), []).append((descriptor, entries))
         entries[:] = [e for e in entries if e[1]() is not None and e[0]() is not None]
         return entries
 
     def lookup(self, role: str, descriptor: Any, owner: Any = None) -> OwnedGraph | None:
         """The owned graph for this key: ``owner``'s if given, else the newest live one."""
-        entries = self._index.get((role, descriptor))
+        entries = self._entries(role, descriptor)
         if not entries:
             return None
-        for owner_ref, graph_ref in reversed(entries):
-            if owner is not None and owner_ref() is not owner:
+        for owner_ref, graph_ref, owned_ref in reversed(entries):
+            live_owner = owner_ref()
+            if live_owner is None or (owner is not None and live_owner is not owner):
                 continue
-            graph = graph_ref()
-            if graph is not None and owner_ref() is not None:
-                return self._owned.get(graph)
+            if graph_ref() is not None:
+                return owned_ref()
         return None
 
     def live_owners(self, role: str, descriptor: Any) -> int:

@@ -9,7 +9,6 @@ rebinds what changes per step. Anything that does not fit the layout refuses the
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any
 
 from ascend_graph_patch.core.graph import CaptureRefused, UpdateTask
@@ -19,7 +18,6 @@ from ascend_graph_patch.core.providers import (
     LengthsWorkspaceProvider,
     Provider,
     pa_signature,
-    reader,
 )
 from ascend_graph_patch.lines.base import TaskLayout
 
@@ -63,18 +61,18 @@ def make_provider(
         return LengthsWorkspaceProvider(
             kind=layout.kind,
             lengths_key=keys[0],
-            lengths=attrgetter(attributes[0]),
+            attribute=attributes[0],
             workspace_for=resolve_path(runtime, layout.workspace_getter),
+            template=template,
             signature=pa_signature(template),
         )
     draft = role in (DRAFT, DRAFT_PREFILL)
-    causal = layout.draft_causal
     return GraphWorkspaceProvider(
         kind=layout.kind,
         keys=keys,
-        read=reader(attributes),
+        attributes=attributes,
         workspace=graph_workspace,
-        causal=attrgetter(causal) if draft and causal is not None else None,
+        causal=layout.draft_causal if draft else None,
         sparse_mode=template.get("sparse_mode", 3),
     )
 
