@@ -26,7 +26,7 @@ import wrapt
 from ascend_graph_patch import gate, settings, state
 from ascend_graph_patch.aspects import ASPECTS, VERIFY, groups
 from ascend_graph_patch.aspects import scope as shared
-from ascend_graph_patch.lines.base import Line
+from ascend_graph_patch.lines.base import Interceptor, Line
 
 _lock = threading.RLock()
 
@@ -155,6 +155,34 @@ def _install_verify(installation: _Installation, line: Line) -> None:
         state.warn_once("verify", f"verify unavailable ({exc!r}); running in observe mode")
         return
     installation.groups.add("verify")
+
+
+def reattach(interceptors: tuple[Interceptor, ...]) -> int:
+    """Wrap again each verify interceptor whose attribute was rebound since it was installed.
+
+    torch_npu swaps its ATB ops for the registered ones after vllm-ascend has loaded
+    (``_register_atb_extensions``, from ``NPUWorker.__init__``), and batch-invariant mode rebinds
+    ``torch_npu.npu_fused_infer_attention_score``: the new objects do not carry our layer. Called
+    before every dry run; returns how many layers it had to re-attach.
+    """
+    again = 0
+    with _lock:
+        for item in interceptors:
+            layer = _layers.get(item.name)
+            if layer is None:
+                continue
+            module = sys.modules[item.module]
+            parent, attribute, _ = wrapt.resolve_path(module, item.target)
+            if _in_chain(_raw(parent, attribute), layer.wrapper):
+                continue
+            original = _raw(parent, attribute)
+            wrapper = _load(f"ascend_graph_patch.aspects.verify:{item.wrapper}")
+            wrapt.wrap_function_wrapper(module, item.target, wrapper)
+            _layers[item.name] = Layer(
+                item.name, parent, attribute, original, _raw(parent, attribute)
+            )
+            again += 1
+    return again
 
 
 def _on_import(module: ModuleType) -> None:

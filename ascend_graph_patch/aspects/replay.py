@@ -161,7 +161,7 @@ def _verify(
     resolved: list[ResolvedTask],
     update_stream: Any,
 ) -> None:
-    dry, error = verify.dry_run(stock, args, kwargs)
+    dry, error = verify.dry_run(stock, args, kwargs, active.line.verify_interceptors)
     state.count("verify.updates")
     if error is not None:
         # Stock cannot update this graph at all (it would raise into the engine): apply ours.

@@ -4,6 +4,11 @@ In verify mode the runtime calls that the stock update makes (task update begin/
 op relaunches, `ExternalEvent.record`) are intercepted while a dry run is active: recorded per task
 handle, not executed. The overlay's resolved arguments are then compared with them, task by task,
 on the arguments that change per step. Outside a dry run the interceptors pass straight through.
+
+The op interceptors sit on ``torch_npu`` attributes that torch_npu itself rebinds after start-up
+(``_register_atb_extensions`` swaps the PA op and its workspace getter for ``torch.ops.atb``
+ones), so every dry run first re-attaches any interceptor whose attribute changed; otherwise stock's
+relaunches would run for real and verify would report every such task as not updated by stock.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 import torch
 
+from ascend_graph_patch import state
 from ascend_graph_patch.core.graph import ResolvedTask
-from ascend_graph_patch.lines.base import TaskLayout
+from ascend_graph_patch.lines.base import Interceptor, TaskLayout
 
 
 @dataclass
@@ -77,7 +83,16 @@ fia_v2_out = _op_interceptor("fia_v2")
 paged_attention = _op_interceptor("pa")
 
 
-def dry_run(stock: Any, args: tuple, kwargs: dict) -> tuple[DryRun, BaseException | None]:
+def dry_run(
+    stock: Any, args: tuple, kwargs: dict, interceptors: tuple[Interceptor, ...] = ()
+) -> tuple[DryRun, BaseException | None]:
+    """Run ``stock`` with its runtime calls intercepted (re-attached first where rebound)."""
+    if interceptors:
+        from ascend_graph_patch import installer
+
+        again = installer.reattach(interceptors)
+        if again:
+            state.count("verify.reattached", again)
     dry = DryRun()
     token = DRY_RUN.set(dry)
     try:
