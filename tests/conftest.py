@@ -46,6 +46,19 @@ def engine_factory() -> Iterator[Callable[..., SimEngine]]:
 
 
 @pytest.fixture
+def atb_lazy() -> Iterator[Any]:
+    """torch_npu's ATB ops as at import (lazy functions), swapped back to that after the test.
+
+    Yields the simulator's ``atb`` module: ``_register_atb_extensions()`` performs the swap.
+    """
+    from torch_npu_sim import atb
+
+    atb.restore_lazy()
+    yield atb
+    atb.restore_lazy()
+
+
+@pytest.fixture
 def rng(request: pytest.FixtureRequest) -> random.Random:
     """A random stream, stable per test (seeded from the test id), different across tests."""
     return random.Random(zlib.crc32(request.node.nodeid.encode()))
