@@ -11,9 +11,10 @@ overlay relaunches exactly what stock relaunches. The two shapes differ only in 
 A provider computes its fresh values for one metadata object (``values``). The layers of a KV-cache
 group share one metadata object, and tasks with the same provider configuration (``group``)
 share the values too: the graph computes them once per (group, metadata object) and each task
-then only takes them into its launch dict (``OwnedGraph.resolve``). Reading a metadata object that
-lacks what stock reads is a :class:`MetadataFault`; a failing workspace getter a
-:class:`RuntimeFault`.
+then only takes them into its launch dict (``OwnedGraph.resolve``). For PA that shares one
+workspace between tasks reading the same lengths with the same ``pa_signature``; why that key is
+enough: ``docs/design.md``, "PA workspace sharing". Reading a metadata object that lacks what stock
+reads is a :class:`MetadataFault`; a failing workspace getter a :class:`RuntimeFault`.
 """
 
 from __future__ import annotations
@@ -86,18 +87,21 @@ def shape_key(signature: tuple) -> int:
     return _SHAPE_KEYS.setdefault(signature, len(_SHAPE_KEYS))
 
 
-def pa_signature(template: dict[str, Any]) -> int:
+#: The PA getter's device tensors: their shapes and dtypes may size a workspace, their values
+#: cannot (the host-side getter does not read device memory).
+PA_SHAPED = ("query", "key_cache", "value_cache", "block_table", "out")
+
+
+def pa_signature(template: dict[str, Any], shaped: tuple[str, ...] = PA_SHAPED) -> int:
     """Everything besides the lengths that a PA workspace can depend on.
 
-    The real getter receives query, caches, head counts, scale, block table and context lengths;
-    the values of the caches, query and table do not size a workspace, their shapes and dtypes
-    may. Two tasks of one pass with the same lengths object and this signature share one.
+    The real getter receives query, caches, head counts, scale, block table, context lengths and
+    the output: the lengths are host data (read from the same metadata object, they are the same
+    object), the tensors count by shape and dtype, the head counts by value; the scale does not
+    size memory. Tasks reading one metadata object with equal signatures share one workspace.
     """
-    query, key_cache, table = template["query"], template["key_cache"], template["block_table"]
-    return shape_key((
-        tuple(query.shape), query.dtype, tuple(key_cache.shape), key_cache.dtype,
-        tuple(table.shape), table.dtype, template["num_kv_heads"], template["num_heads"],
-    ))  # fmt: skip
+    parts = tuple((tuple(template[n].shape), template[n].dtype) for n in shaped)
+    return shape_key((*parts, template["num_kv_heads"], template["num_heads"]))
 
 
 @dataclass(slots=True)
