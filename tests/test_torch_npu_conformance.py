@@ -101,16 +101,25 @@ def _old_scatter(
     return None
 
 
-def test_the_schema_check_catches_the_differences_it_was_written_for() -> None:
-    """Negative control: the simulator's signatures before this check all fail it."""
-    pa = conf.op_problems("atb::_npu_paged_attention", _old_pa)
-    assert "workspace: positional or keyword in real, keyword-only here" not in pa
-    assert any(p.startswith("workspace: keyword-only in real") for p in pa)
-    assert any(p.startswith("context_lens: Tensor in real") for p in pa)
-    assert "returns 0 value(s) in real, 1 here" in pa
-    scatter = conf.op_problems("npu::npu_scatter_pa_kv_cache", _old_scatter)
-    assert any("compress_seq_offsets" in p for p in scatter)
-    assert "cache_mode: default 'PA_NZ' in real, 'Norm' here" in scatter
+def _old_group_begin(stream=None) -> None:
+    return None
+
+
+def test_the_checks_catch_the_differences_they_were_written_for() -> None:
+    """Negative control: the simulator's signatures before these checks fail them."""
+    assert conf.op_problems("atb::_npu_paged_attention", _old_pa) == [
+        "workspace: keyword-only in real, positional or keyword here",
+        "context_lens: Tensor in real, collections.abc.Sequence[int] | torch.Tensor | None here",
+        "returns 0 value(s) in real, 1 here",
+    ]
+    assert conf.op_problems("npu::npu_scatter_pa_kv_cache", _old_scatter) == [
+        "parameters: missing ['compress_seq_offsets'], extra ['compress_seq_offset']",
+        "cache_mode: default 'PA_NZ' in real, 'Norm' here",
+    ]
+    real = conf.api_signature("torch_npu.npu.graphs.graph_task_group_begin")
+    assert conf.differences(real, inspect.signature(_old_group_begin)) == [
+        "stream: required in real, not here"
+    ]
 
 
 def test_every_op_the_simulator_names_is_registered_and_the_atb_lists_agree() -> None:
