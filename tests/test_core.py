@@ -179,9 +179,11 @@ def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
     template = {
         "query": torch.zeros(4, 2, 8),
         "key_cache": torch.zeros(3, 16, 1, 8),
+        "value_cache": torch.zeros(3, 16, 1, 8),
         "block_table": torch.zeros(4, 2, dtype=torch.int32),
         "num_kv_heads": 1,
         "num_heads": 2,
+        "out": torch.zeros(4, 2, 8),
     }
     runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=getter)
     pa = provider(PA, runtime=runtime_ns, template=template)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from ascend_graph_patch.core.graph import OwnedGraph, UpdateTask
+from ascend_graph_patch.core.graph import OwnedGraph, TargetSource, UpdateTask
 from ascend_graph_patch.core.providers import LengthsWorkspaceProvider, pa_signature
 from ascend_graph_patch.lines import v0_23
 from tests import torch_npu_conformance as conf
@@ -321,10 +321,11 @@ def test_the_overlays_runtime_calls_bind_to_the_real_api() -> None:
     provider = LengthsWorkspaceProvider(
         kind="pa",
         lengths_key="context_lens",
-        lengths=lambda metadata: metadata.seq_lens,
+        attribute="seq_lens",
         workspace_for=_recorder(
             conf.schema_signature("atb::_npu_paged_attention_get_workspace"), calls, "getter"
         ),
+        template=template,
         signature=pa_signature(template),
     )
     task = UpdateTask(
@@ -338,9 +339,10 @@ def test_the_overlays_runtime_calls_bind_to_the_real_api() -> None:
         template=template,
         provider=provider,
     )
-    graph = OwnedGraph(role="target", descriptor=None, tasks=[task])
+    graph = OwnedGraph(role="target", descriptor=None)
+    graph.add(task)
     metadata = {"layer.0": SimpleNamespace(seq_lens=torch.tensor([3, 5]))}
-    resolved = graph.resolve(SimpleNamespace(lookup=lambda key, step: metadata[key]))
+    resolved = graph.resolve(TargetSource(metadata))
     graph.apply(resolved, update_stream=object(), runtime=real)
     assert calls == ["getter", "begin", "relaunch", "end", "record"]
 
