@@ -176,8 +176,11 @@ def _take_step(
 def compare(out: StepOutput, reference: StepOutput, result: ArmResult, tie_atol: float) -> None:
     """Record one step's distance from the eager reference into ``result``."""
     if out.values is not None and reference.values is not None:
-        diff = (out.values.float() - reference.values.float()).abs()
-        result.eager_max_abs.append(float(diff.max()) if diff.numel() else 0.0)
+        if out.values.shape != reference.values.shape:  # never compared by broadcasting
+            result.eager_max_abs.append(float("inf"))
+        else:
+            diff = (out.values.float() - reference.values.float()).abs()
+            result.eager_max_abs.append(float(diff.max()) if diff.numel() else 0.0)
     mismatches = ties = 0
     for row, (a, b) in enumerate(zip(out.tokens, reference.tokens, strict=True)):
         if a == b:
@@ -213,6 +216,8 @@ def bitwise_equal(a: ArmResult, b: ArmResult) -> tuple[bool, str]:
             return False, f"step {step}: tokens {x.tokens} vs {y.tokens}"
         if (x.values is None) != (y.values is None):
             return False, f"step {step}: values present in one arm only"
+        if x.values is not None and x.values.shape != y.values.shape:
+            return False, f"step {step}: values of shape {x.values.shape} vs {y.values.shape}"
         if x.values is not None and not torch.equal(x.values, y.values):
             diff = float((x.values - y.values).abs().max())
             return False, f"step {step}: values differ by {diff:.3g}"

@@ -40,6 +40,11 @@ from torch_npu_sim.workload import StepOutput
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
 
+RUNNER_IMPORTS = (
+    "vllm_ascend.worker.v2.aclgraph_utils",
+    "vllm_ascend.worker.v2.spec_decode.eagle.speculator",
+    "vllm_ascend.worker.v2.utils",
+)
 _CUDA_ATTRS = (
     "Event",
     "Stream",
@@ -190,9 +195,16 @@ class V2Engine:
         ]
 
     def _build_manager(self) -> None:
+        import importlib
+
         from vllm.config import CUDAGraphMode
         from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
-        from vllm_ascend.worker.v2 import utils as v2_utils
+
+        # What importing the v2 runner (worker/v2/model_runner.py) loads before its
+        # torch_cuda_wrapper runs: the managers' modules (speculator.py imports eagle.aclgraph).
+        for module in RUNNER_IMPORTS:
+            importlib.import_module(module)
+        v2_utils = importlib.import_module("vllm_ascend.worker.v2.utils")
 
         self._saved_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # _EXTRA_CTX reads v2's additional_kwargs
