@@ -9,7 +9,7 @@ import pytest
 
 from ascend_graph_patch import activation, gate, state
 from ascend_graph_patch.lines import LINES
-from tests.overlay_support import bitwise_equal, run_arm
+from tests.overlay_support import assert_bitwise, overlay_arm
 
 
 @pytest.fixture
@@ -80,14 +80,12 @@ def test_force_overrides_a_refusal_with_a_warning(seams, monkeypatch, capfd) -> 
     assert "FORCED install (v1)" in capfd.readouterr().err
 
 
-def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(
-    engine_factory, monkeypatch
-) -> None:
-    stock = run_arm(engine_factory, "dense_gqa", "off", steps=20)
+def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(monkeypatch) -> None:
+    stock = overlay_arm("dense_gqa", "off", steps=20)
     drifted = dataclasses.replace(LINES[0], tuple_arity={**LINES[0].tuple_arity, "fia": 21})
     monkeypatch.setattr(gate, "LINES", (drifted,))
-    arm = run_arm(engine_factory, "dense_gqa", "on", steps=20)
-    assert bitwise_equal(arm.outputs, stock.outputs)
+    arm = overlay_arm("dense_gqa", "on", steps=20)
+    assert_bitwise(arm, stock)
     assert "graphs.owned" not in arm.counters
     assert arm.counters["updates.stock.unowned"] == 20
     refused = arm.snapshot["graphs_refused"]
