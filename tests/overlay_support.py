@@ -13,7 +13,7 @@ from typing import Any
 
 from ascend_graph_patch import activation, state, status
 from torch_npu_sim.harness import scenarios
-from torch_npu_sim.workload import ArmResult, Workload, bitwise_equal, run_arm
+from torch_npu_sim.workload import ArmResult, StepHook, Workload, bitwise_equal, run_arm
 
 STEPS = 200
 EAGER_TOL = 1e-5
@@ -60,6 +60,7 @@ def overlay_arm(
     seed: int = 1234,
     eager: bool = False,
     before_steps: Callable[[Workload], None] | None = None,
+    on_step: StepHook | None = None,
     after_steps: Callable[[Workload], None] | None = None,
     build: Callable[[], Workload] | None = None,
     **overrides: Any,
@@ -97,6 +98,7 @@ def overlay_arm(
             seed,
             eager=eager,
             before_steps=before_steps,
+            on_step=on_step,
             after_steps=read_overlay,
         )
     finally:

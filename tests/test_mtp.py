@@ -140,6 +140,37 @@ def test_non_causal_steps_follow_stock(overlay: Callable[[str], None]) -> None:
     assert DRAFT_SCENARIOS["mtp_non_causal"].stock.startswith("wrong: ")  # recorded as such
 
 
+@pytest.mark.parametrize("mode", [None, "on"])
+def test_skipping_the_draft_update_is_stale(
+    mode: str | None, overlay: Callable[[str], None]
+) -> None:
+    """Negative control: the merged draft graph replayed without its update reads the lengths
+    and tables of the last update, and must differ from eager (stock and overlay alike); without
+    even the events recorded, the simulator must report the blocked replay. Either way the next
+    updated proposes are right again."""
+    if mode is not None:
+        overlay(mode)
+    from torch_npu_sim import SimulatorError
+
+    extra, stale = random.Random(7), []
+
+    def without_update(workload: Any, index: int, batch: Any, out: Any) -> None:
+        if index == 1:  # after two updated proposes: events recorded, no update
+            extra_batch = workload.next_batch(extra)
+            eager = workload.run(extra_batch, graph=False).values
+            missed = workload.run_without_update(extra_batch).values
+            stale.append((missed - eager).abs().max().item())
+        if index == 2:  # events not recorded either: the replay never runs (a hang on hardware)
+            with pytest.raises(SimulatorError, match="blocked"):
+                workload.run_without_update(workload.next_batch(extra), record=False)
+            stale.append(-1.0)
+
+    arm = overlay_arm("mtp_2layers_k3", None, 5, seed=1234, eager=True, on_step=without_update)
+    assert arm.run.ok and arm.run.steps == 5, arm.error
+    assert len(stale) == 2 and stale[0] > 1e-2, f"no update, yet equal to eager ({stale})"
+    assert arm.max_eager_error < TOL  # the updated steps around them stay right
+
+
 def test_two_kv_groups_stock_wrong_overlay_right(overlay: Callable[[str], None]) -> None:
     stock = run_draft_arm("mtp_two_kv_groups", steps=8)
     assert stock.max_eager_error > 0.5, "stock pairs layer 61 with layer 62's block table"

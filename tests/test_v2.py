@@ -3,9 +3,9 @@
 `BatchExecutionDescriptor`.
 
 Each arm builds a fresh `V2Engine` (same seed: same batches, weights, KV history); eager runs
-first in each step and puts back the KV slots it wrote. The overlay is enabled before the engine is built, as in a real
-process (the post-import hook fires when the v2 modules load, before the runner's
-`torch_cuda_wrapper` copies `torch_npu_graph_wrapper` into `torch.cuda.graph`).
+first in each step and puts back the KV slots it wrote. The overlay is enabled before the engine
+is built, as in a real process (the post-import hook fires when the v2 modules load, before the
+runner's `torch_cuda_wrapper` copies `torch_npu_graph_wrapper` into `torch.cuda.graph`).
 
 The v2 target matrix follows the v1 overlay matrix (`harness/scenarios.py`): every scenario the
 v2 manager can run (catalogue names `v2_<scenario>`), 200 replay steps each with random batch

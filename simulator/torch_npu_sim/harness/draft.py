@@ -32,7 +32,7 @@ from torch_npu_sim.harness.process import Lease
 from torch_npu_sim.harness.spec import DraftScenario
 from torch_npu_sim.harness.stack import SeqBuffers, Stack
 from torch_npu_sim.harness.target import OpenStep
-from torch_npu_sim.harness.toy import D_MODEL, VOCAB, ToyLayer, rms
+from torch_npu_sim.harness.toy import D_MODEL, VOCAB, ToyLayer, random_ids, rms
 from torch_npu_sim.workload import StepOutput
 
 __all__ = ["DraftBatch", "DraftEngine"]
@@ -165,7 +165,6 @@ class DraftEngine:
         self.name, self.stock, self.draft = draft.name, draft.stock, draft
         self.scenario = draft.base()
         self.lease = Lease(draft.name, num_threads)
-        self._closed = False
         try:
             from vllm.config import CUDAGraphMode, set_current_vllm_config
 
@@ -184,7 +183,6 @@ class DraftEngine:
         self.step_slots = [
             [torch.full((n,), -1, dtype=torch.int64) for _ in self.stack.groups] for _ in range(k)
         ]
-        self.last_metadata: list[dict[str, Any]] | None = None
         self._step = 0
         self._captured: set[int] = set()
         rng = random.Random(draft.seed)
@@ -210,20 +208,14 @@ class DraftEngine:
         self.proposer._runnable = self.wrapper
         self.update_stream = self.proposer.update_stream
 
-    @property
-    def layers(self) -> list[ToyLayer]:
-        return self.stack.layers
-
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Drop the graphs (the proposer holds the wrapper too) and reset the process."""
-        if self._closed:
-            return
-        self._closed = True
-        Lease.synchronize()
+        self.lease.release(self._drop_graphs)
+
+    def _drop_graphs(self) -> None:
         self.proposer = self.wrapper = self.model = self.stack = None
-        self.lease.release()
 
     # ---- workload --------------------------------------------------------------------------
 
@@ -251,7 +243,7 @@ class DraftEngine:
         return DraftBatch(
             step=self._step,
             seq_lens=seq_lens,
-            input_ids=torch.tensor([rng.randrange(VOCAB) for _ in range(n)], dtype=torch.int64),
+            input_ids=random_ids(rng, n),
             positions=torch.tensor(positions, dtype=torch.int64),
             hidden=torch.randn(n, D_MODEL, generator=torch.Generator().manual_seed(self._step)),
             rows=rows,
@@ -265,7 +257,7 @@ class DraftEngine:
     def run(self, batch: DraftBatch, *, graph: bool = True) -> StepOutput:
         """The propose call through the merged draft graph (replay + update), or eagerly."""
         if graph:
-            return self._run_graph(batch, update=True)
+            return self._run_graph(batch, "update")
         k = self.draft.num_speculative_tokens
         slots = [
             torch.cat([self._slots(batch, g, step) for step in range(k)])
@@ -274,9 +266,13 @@ class DraftEngine:
         with self.stack.kv_restored(slots):
             return self._run_eager(batch)
 
-    def run_without_update(self, batch: DraftBatch) -> StepOutput:
-        """Negative control: replay the merged draft graph, never update it."""
-        return self._run_graph(batch, update=False)
+    def run_without_update(self, batch: DraftBatch, *, record: bool = True) -> StepOutput:
+        """Negative control: replay, then release every captured event WITHOUT the update.
+
+        With ``record=False`` the events are not recorded either, so the replay stays blocked and
+        the simulator must raise ``SimulatorError`` at the synchronisation (on hardware: a hang).
+        """
+        return self._run_graph(batch, "record" if record else "none")
 
     def _output(self, n: int, tokens: Any) -> StepOutput:
         hidden = self.model.step_out[:, :n].clone()  # (steps, requests, D)
@@ -410,7 +406,6 @@ class DraftEngine:
         with set_current_vllm_config(self.vllm_config):
             self._load(batch, padded)
             per_step = self._draft_metadata(batch, padded, True, False)
-            self.last_metadata = per_step
             bd = self.stack.batch_descriptor(padded)
             with self._draft_context(per_step, padded, self._full, bd):
                 fc = get_forward_context()
@@ -427,20 +422,30 @@ class DraftEngine:
                 yield OpenStep(fc, padded, args, per_step)
             torch.npu.current_stream().synchronize()
 
-    def _run_graph(self, batch: DraftBatch, *, update: bool) -> StepOutput:
-        """Replay the merged draft graph and update it as ``_propose`` does (ENPU: update first)."""
+    def _run_graph(self, batch: DraftBatch, release: str) -> StepOutput:
+        """Replay the merged draft graph and update it as ``_propose`` does (ENPU: update first);
+        ``release`` "record" / "none": the negative controls of ``run_without_update``."""
         with self.open_step(batch) as step:
-            fc, padded, per_step = step.forward_context, step.num_tokens, step.draft_metadatas
+            padded, per_step = step.num_tokens, step.draft_metadatas
             if self.draft.update_order == "update_then_replay":
                 torch.npu.current_stream().synchronize()
-                if update:
-                    self.proposer._update_full_graph_params(fc, padded, per_step)
+                self._release(step, release)
                 tokens = self._call(padded, per_step)
             else:
                 tokens = self._call(padded, per_step)
-                if update:
-                    self.proposer._update_full_graph_params(fc, padded, per_step)
+                self._release(step, release)
         return self._output(batch.num_reqs, tokens)
+
+    def _release(self, step: OpenStep, release: str) -> None:
+        import vllm_ascend.compilation.acl_graph as acl_graph
+
+        if release == "update":
+            self.proposer._update_full_graph_params(
+                step.forward_context, step.num_tokens, step.draft_metadatas
+            )
+        elif release == "record":
+            for event in acl_graph.get_draft_graph_params().events[step.num_tokens]:
+                event.record(self.update_stream)
 
     def _run_eager(self, batch: DraftBatch) -> StepOutput:
         """The same real ``_run_merged_draft`` without a graph, unpadded."""

@@ -13,6 +13,7 @@ import importlib
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -125,21 +126,19 @@ class Lease:
             torch.set_num_threads(num_threads)
         reset_process_state()
 
-    @staticmethod
-    def synchronize() -> None:
-        """Drain the device before the engine drops its graphs."""
-        try:
-            torch.npu.synchronize()
-        except Exception:  # a test may leave a deliberately blocked replay behind
-            pass
-
-    def release(self) -> None:
-        """Reset the process for the next engine (idempotent)."""
+    def release(self, drop_graphs: Callable[[], None]) -> None:
+        """Close the engine (idempotent): drain the device, let the engine drop its graphs (and
+        anything else it set), reset the process for the next engine."""
         if Lease._holder is not self:
             return
         from torch_npu_sim import runtime
 
         try:
+            torch.npu.synchronize()
+        except Exception:  # a test may leave a deliberately blocked replay behind
+            pass
+        try:
+            drop_graphs()
             reset_process_state()
         finally:
             runtime.reset()

@@ -26,7 +26,7 @@ import torch
 from torch_npu_sim.harness.process import Lease
 from torch_npu_sim.harness.spec import Scenario
 from torch_npu_sim.harness.stack import PA_CAPTURE_SEQ_LEN, Stack
-from torch_npu_sim.harness.toy import VOCAB, ToyDecoder
+from torch_npu_sim.harness.toy import ToyDecoder, random_ids
 from torch_npu_sim.workload import StepOutput
 
 __all__ = ["DecodeBatch", "OpenStep", "TargetEngine"]
@@ -80,7 +80,6 @@ class TargetEngine:
     def __init__(self, scenario: Scenario, *, num_threads: int | None = 1) -> None:
         self.name, self.stock, self.scenario = scenario.name, scenario.stock, scenario
         self.lease = Lease(scenario.name, num_threads)
-        self._closed = False
         try:
             from vllm.config import CUDAGraphMode, set_current_vllm_config
             from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
@@ -115,18 +114,10 @@ class TargetEngine:
 
     def close(self) -> None:
         """Drop the graphs and reset the vllm-ascend globals (so the next engine starts clean)."""
-        if self._closed:
-            return
-        self._closed = True
-        Lease.synchronize()
+        self.lease.release(self._drop_graphs)
+
+    def _drop_graphs(self) -> None:
         self.wrapper = self.model = self.stack = None
-        self.lease.release()
-
-    def __enter__(self) -> TargetEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---- workload --------------------------------------------------------------------------
 
@@ -151,7 +142,7 @@ class TargetEngine:
             step=self._step,
             req_slots=slots,
             seq_lens=seq_lens,
-            input_ids=torch.tensor([rng.randrange(VOCAB) for _ in range(n)], dtype=torch.int64),
+            input_ids=random_ids(rng, n),
             positions=pos,
             slot_mapping=stack.token_slots(block_rows, pos),
             block_rows=block_rows,

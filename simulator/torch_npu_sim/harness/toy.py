@@ -8,6 +8,7 @@ does, so capture and replay see what the runner's model sees.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -107,6 +108,11 @@ def build_layers(
         if target is not None:
             layer.kv_cache = by_name[target].kv_cache
     return layers
+
+
+def random_ids(rng: random.Random, n: int) -> torch.Tensor:
+    """``n`` token ids drawn from ``rng`` (the batches' inputs)."""
+    return torch.tensor([rng.randrange(VOCAB) for _ in range(n)], dtype=torch.int64)
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch
 from torch_npu_sim.harness.process import Lease
 from torch_npu_sim.harness.spec import V2Scenario
 from torch_npu_sim.harness.stack import Stack
-from torch_npu_sim.harness.toy import VOCAB, ToyDecoder
+from torch_npu_sim.harness.toy import D_MODEL, ToyDecoder, random_ids
 from torch_npu_sim.workload import StepOutput
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
@@ -172,7 +172,6 @@ class V2Engine:
         self._saved_cuda: dict[str, Any] = {}
         self._saved_env: Any = _UNSET
         self.lease = Lease(v2.name, num_threads)
-        self._closed = False
         try:
             from vllm.config import set_current_vllm_config
 
@@ -215,7 +214,7 @@ class V2Engine:
             pass
         self.update_stream = torch.npu.Stream()
         self.model_state = SimpleNamespace(attn_metadata=None)
-        self.hidden_out = torch.zeros(self.stack.max_tokens, 128)
+        self.hidden_out = torch.zeros(self.stack.max_tokens, D_MODEL)
         mode = CUDAGraphMode.FULL_DECODE_ONLY
         positions = SimpleNamespace(positions=self.stack.positions)
         if self.role == "target":
@@ -259,30 +258,22 @@ class V2Engine:
                 self.vllm_config, torch.device("cpu"), mode, self.qlen, spec
             )
 
-    @property
-    def layers(self) -> list[Any]:
-        return self.stack.layers
-
     def inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's persistent input buffers, for ``num_tokens`` tokens."""
         return self.stack.input_ids[:num_tokens], self.stack.positions[:num_tokens]
 
     def close(self) -> None:
-        """Drop the graphs, reset the process, put back ``torch.cuda`` and the environment."""
-        if self._closed:
-            return
-        self._closed = True
-        Lease.synchronize()
+        """Drop the graphs, put back ``torch.cuda`` and the environment, reset the process."""
+        self.lease.release(self._drop_graphs)
+
+    def _drop_graphs(self) -> None:
         self.manager = self.runner = self.speculator = self.model = self.stack = None
-        try:
-            self.lease.release()
-        finally:
-            for name, value in self._saved_cuda.items():
-                setattr(torch.cuda, name, value)
-            if self._saved_env is None:
-                os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-            elif self._saved_env is not _UNSET:
-                os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self._saved_env
+        for name, value in self._saved_cuda.items():
+            setattr(torch.cuda, name, value)
+        if self._saved_env is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        elif self._saved_env is not _UNSET:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self._saved_env
 
     # ---- descriptors and metadata ----------------------------------------------------------
 
@@ -405,8 +396,7 @@ class V2Engine:
             seq_lens.append(self._computed[s] + q)
             self._computed[s] += q
         self._step += 1
-        ids = torch.tensor([rng.randrange(VOCAB) for _ in range(n * q)], dtype=torch.int64)
-        return V2Batch(self._step, seq_lens, positions, slots, ids)
+        return V2Batch(self._step, seq_lens, positions, slots, random_ids(rng, n * q))
 
     def run(self, batch: V2Batch, *, graph: bool = True) -> StepOutput:
         """Through the manager's ``run_fullgraph`` (replay, then the stock update seam), or
