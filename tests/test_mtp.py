@@ -7,6 +7,7 @@ them. Draft tasks must be keyed by (metadata key, step): one task per layer per 
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +97,21 @@ def test_overlay_equals_stock_equals_eager(name: str, overlay: Callable[[str], N
     assert ours.counters["updates.owned"] == STEPS
     assert ours.counters["tasks.updated"] == STEPS * k * layers
     assert not any(c.startswith(("fallback", "errors")) for c in ours.counters)
+
+
+def test_draft_engines_in_sequence_each_own_their_graphs(overlay: Callable[[str], None]) -> None:
+    """One process, several draft engines in turn (the A/B worker, the soak): a closed engine's
+    graphs die at close, without waiting for a gc pass, so the next engine's graphs of the same
+    (role, descriptor) are owned. gc stays off so that only reference counting can free them."""
+    overlay("on")
+    gc.disable()
+    try:
+        arms = [run_draft_arm(name, steps=2) for name in ("mtp_k1", "mtp_k2", "mtp_k1")]
+    finally:
+        gc.enable()
+    owned = [arm.counters.get("updates.owned", 0) for arm in arms]
+    assert owned == [2, 4, 6], "counters are cumulative: every arm owned its two updates"
+    assert [len(draft_keys(arm)) for arm in arms] == [2, 2, 2]  # only the live engine's graphs
 
 
 @pytest.mark.parametrize(

@@ -215,6 +215,11 @@ class DraftEngine:
         self.lease.release(self._drop_graphs)
 
     def _drop_graphs(self) -> None:
+        # The proposer and its wrapper refer to each other (``_runnable``, ``_run_merged_draft``):
+        # cut that cycle, or the graphs outlive the engine until a gc pass, and the next draft
+        # engine's graphs would share their (role, descriptor) with these.
+        if getattr(self, "proposer", None) is not None:
+            self.proposer._runnable = None
         self.proposer = self.wrapper = self.model = self.stack = None
 
     # ---- workload --------------------------------------------------------------------------
