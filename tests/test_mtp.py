@@ -261,7 +261,7 @@ def test_update_waiting_on_its_own_replay_is_a_deadlock(
         batch = engine.next_batch(random.Random(5))
         with engine.open_step(batch) as step:
             fc, padded, per_step = step.forward_context, step.num_tokens, step.draft_metadatas
-            engine._call(padded, per_step)  # replay: blocked at the first event
+            engine.replay(step)  # blocked at the first event
             engine.update_stream.wait_stream(torch.npu.current_stream())
             if mode is None:
                 with pytest.raises(SimulatorError, match="(?i)deadlock"):

@@ -427,17 +427,20 @@ class DraftEngine:
                 yield OpenStep(fc, padded, args, per_step)
             torch.npu.current_stream().synchronize()
 
+    def replay(self, step: OpenStep) -> Any:
+        """Replay the open step's merged draft graph (no update): the proposer's call."""
+        return self._call(step.num_tokens, step.draft_metadatas)
+
     def _run_graph(self, batch: DraftBatch, release: str) -> StepOutput:
         """Replay the merged draft graph and update it as ``_propose`` does (ENPU: update first);
         ``release`` "record" / "none": the negative controls of ``run_without_update``."""
         with self.open_step(batch) as step:
-            padded, per_step = step.num_tokens, step.draft_metadatas
             if self.draft.update_order == "update_then_replay":
                 torch.npu.current_stream().synchronize()
                 self._release(step, release)
-                tokens = self._call(padded, per_step)
+                tokens = self.replay(step)
             else:
-                tokens = self._call(padded, per_step)
+                tokens = self.replay(step)
                 self._release(step, release)
         return self._output(batch.num_reqs, tokens)
 
