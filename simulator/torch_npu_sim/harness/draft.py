@@ -30,8 +30,7 @@ import torch
 
 from torch_npu_sim.harness.process import Lease
 from torch_npu_sim.harness.spec import DraftScenario
-from torch_npu_sim.harness.stack import SeqBuffers, Stack
-from torch_npu_sim.harness.target import OpenStep
+from torch_npu_sim.harness.stack import OpenStep, SeqBuffers, Stack
 from torch_npu_sim.harness.toy import D_MODEL, VOCAB, ToyLayer, random_ids, rms
 from torch_npu_sim.workload import StepOutput
 

@@ -114,6 +114,18 @@ class SeqBuffers:
 
 
 @dataclass
+class OpenStep:
+    """A graph step's forward context, open: what the update reads (the benchmark times it)."""
+
+    forward_context: Any
+    num_tokens: int
+    #: The positional arguments ``update_full_graph_params`` hands to ``update_graph_params``.
+    update_args: tuple
+    #: Per draft step metadata (draft engines), else None.
+    draft_metadatas: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class KVGroup:
     """One KV-cache group: a real metadata builder and its persistent block table / slots."""
 

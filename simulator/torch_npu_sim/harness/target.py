@@ -25,11 +25,11 @@ import torch
 
 from torch_npu_sim.harness.process import Lease
 from torch_npu_sim.harness.spec import Scenario
-from torch_npu_sim.harness.stack import PA_CAPTURE_SEQ_LEN, Stack
+from torch_npu_sim.harness.stack import PA_CAPTURE_SEQ_LEN, OpenStep, Stack
 from torch_npu_sim.harness.toy import ToyDecoder, random_ids
 from torch_npu_sim.workload import StepOutput
 
-__all__ = ["DecodeBatch", "OpenStep", "TargetEngine"]
+__all__ = ["DecodeBatch", "TargetEngine"]
 
 
 @dataclass
@@ -48,18 +48,6 @@ class DecodeBatch:
     @property
     def num_reqs(self) -> int:
         return len(self.req_slots)
-
-
-@dataclass
-class OpenStep:
-    """A graph step's forward context, open: what the update reads (the benchmark times it)."""
-
-    forward_context: Any
-    num_tokens: int
-    #: The positional arguments ``update_full_graph_params`` hands to ``update_graph_params``.
-    update_args: tuple
-    #: Per draft step metadata (draft engines), else None.
-    draft_metadatas: list[dict[str, Any]] | None = None
 
 
 @dataclass
