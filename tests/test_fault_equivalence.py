@@ -98,7 +98,7 @@ def _none(metadata: dict) -> None:
 
 
 def _wrong_type(metadata: dict) -> None:
-    from torch_npu_sim.harness.target import LinearAttnMetadata
+    from torch_npu_sim.harness.stack import LinearAttnMetadata
 
     metadata[LAYER] = LinearAttnMetadata(0, 4, 4, torch.zeros(4, dtype=torch.int32))
 
@@ -163,27 +163,29 @@ def _step(engine: Any, batch: Any, armed: Callable[[], Any] | None) -> StepResul
 
     try:
         if armed is None:
-            return StepResult(output=engine.run_graph(batch))
+            return StepResult(output=engine.run(batch).values)
         with armed():
-            return StepResult(output=engine.run_graph(batch))
+            return StepResult(output=engine.run(batch).values)
     except SimulatorError as exc:
         return StepResult(error=type(exc).__name__, blocked="blocked" in str(exc))
     except Exception as exc:
         return StepResult(error=type(exc).__name__)
 
 
-def run(engine_factory: Any, scenario: str, mode: str, fault: Callable[[], Any] | None) -> ArmRun:
+def run(build: Any, scenario: str, mode: str, fault: Callable[[], Any] | None) -> ArmRun:
+    """One arm, step by step: the fault armed for one graph step only."""
     if mode != "off":
         activation.enable(mode)
     try:
-        engine = engine_factory(scenario)
+        engine = build(scenario)
+        engine.capture()
         rng = random.Random(7)
         faulty = after = None
         eager = None
         for step in range(STEPS):
-            batch = engine.random_batch(rng)
+            batch = engine.next_batch(rng)
             if step == FAULT_STEP:
-                eager = engine.run_eager(batch)
+                eager = engine.run(batch, graph=False).values
                 faulty = _step(engine, batch, fault)
             elif step > FAULT_STEP:
                 after = _step(engine, batch, None)
@@ -254,10 +256,10 @@ CASES = [(f, s) for f in FAULTS for s in ("dense_gqa", "paged_attention")] + [
 
 @pytest.mark.parametrize(("fault", "scenario"), CASES)
 def test_the_overlay_is_never_worse_than_stock_under_a_fault(
-    engine_factory: Any, fault: str, scenario: str
+    build: Any, fault: str, scenario: str
 ) -> None:
-    stock = run(engine_factory, scenario, "off", FAULTS[fault])
-    ours = run(engine_factory, scenario, "on", FAULTS[fault])
+    stock = run(build, scenario, "off", FAULTS[fault])
+    ours = run(build, scenario, "on", FAULTS[fault])
     label, why = verdict(stock, ours)
     ROWS.append(
         f"{fault} | {scenario} | {_describe(stock.faulty, stock.eager)}; next step "
@@ -268,9 +270,9 @@ def test_the_overlay_is_never_worse_than_stock_under_a_fault(
 
 
 @pytest.mark.parametrize("fault", list(FAULTS_OVERLAY_ONLY))
-def test_a_bug_of_ours_gives_stock_s_output(engine_factory: Any, fault: str) -> None:
-    stock = run(engine_factory, "dense_gqa", "off", None)
-    ours = run(engine_factory, "dense_gqa", "on", FAULTS_OVERLAY_ONLY[fault])
+def test_a_bug_of_ours_gives_stock_s_output(build: Any, fault: str) -> None:
+    stock = run(build, "dense_gqa", "off", None)
+    ours = run(build, "dense_gqa", "on", FAULTS_OVERLAY_ONLY[fault])
     assert ours.faulty.output is not None and torch.equal(ours.faulty.output, stock.faulty.output)
     ROWS.append(f"{fault} | dense_gqa | (not affected) | stock's output | equal")
 

@@ -19,7 +19,8 @@ from ascend_graph_patch.aspects import ASPECTS, groups
 from ascend_graph_patch.core.kinds import FIA
 from ascend_graph_patch.lines import LINES
 from ascend_graph_patch.lines.v0_23 import LINE as V0_23
-from tests.overlay_support import bitwise_equal, run_arm
+from tests.overlay_support import assert_bitwise, overlay_arm
+from torch_npu_sim.workload import bitwise_equal
 
 SYNTHETIC_VERSION = "9.9.9"
 
@@ -74,11 +75,11 @@ def test_the_gate_derives_its_checks_from_the_aspect_table() -> None:
 
 
 def test_a_new_line_is_picked_by_version_and_its_op_handle_is_the_one_relaunched(
-    seams, engine_factory, installed_as_synthetic, monkeypatch
+    seams, installed_as_synthetic, monkeypatch
 ) -> None:
     import torch_npu
 
-    stock = run_arm(engine_factory, "dense_gqa", "off", steps=12)
+    stock = overlay_arm("dense_gqa", "off", steps=12)
     relaunched: list[int] = []
     real_out = torch_npu.npu_fused_infer_attention_score.out
 
@@ -89,28 +90,28 @@ def test_a_new_line_is_picked_by_version_and_its_op_handle_is_the_one_relaunched
     # the synthetic release relaunches FIA through another handle: only the line says so
     monkeypatch.setattr(torch_npu, "agp_synthetic_fia", spy, raising=False)
     installed_as_synthetic(synthetic_line(op="agp_synthetic_fia"))
-    arm = run_arm(engine_factory, "dense_gqa", "on", steps=12)
+    arm = overlay_arm("dense_gqa", "on", steps=12)
     assert arm.snapshot["gate"]["v1"]["verdict"] == "supported"
     assert "line synthetic" in arm.snapshot["gate"]["v1"]["reason"]
-    assert bitwise_equal(arm.outputs, stock.outputs)
+    assert_bitwise(arm, stock)
     assert arm.counters["updates.owned"] == 12
     assert len(relaunched) == arm.counters["tasks.updated"] == 12 * 4
 
 
 def test_a_new_line_decides_which_metadata_attribute_feeds_a_relaunch(
-    seams, engine_factory, installed_as_synthetic
+    seams, installed_as_synthetic
 ) -> None:
     """Negative control for the test above: bind the KV lengths from the wrong attribute (the
     query ends) and the overlay's output must leave stock's."""
-    stock = run_arm(engine_factory, "dense_gqa", "off", steps=12)
+    stock = overlay_arm("dense_gqa", "off", steps=12)
     wrong = (
         ("actual_seq_lengths", "actual_seq_lengths_q"),
         ("actual_seq_lengths_kv", "actual_seq_lengths_q"),
     )
     installed_as_synthetic(synthetic_line(binds=wrong))
-    arm = run_arm(engine_factory, "dense_gqa", "on", steps=12)
+    arm = overlay_arm("dense_gqa", "on", steps=12)
     assert arm.counters["updates.owned"] == 12
-    assert not bitwise_equal(arm.outputs, stock.outputs)
+    assert not bitwise_equal(arm.run, stock.run)[0]
 
 
 def test_a_seam_missing_on_the_new_line_is_a_clean_refusal(
@@ -177,18 +178,18 @@ def test_a_wrapper_installed_on_top_of_ours_survives_disable(seams) -> None:
     assert seen == []  # nothing called the update meanwhile
 
 
-def test_an_inert_layer_changes_nothing(seams, engine_factory) -> None:
+def test_an_inert_layer_changes_nothing(seams) -> None:
     """Beneath a third-party wrapper after disable, our layer passes straight through."""
     impl = seams.AscendAttentionBackendImpl
     original = impl.__dict__["update_graph_params"]
-    stock = run_arm(engine_factory, "paged_attention", "off", steps=8)
+    stock = overlay_arm("paged_attention", "off", steps=8)
     activation.enable("on")
     ours = impl.__dict__["update_graph_params"]
     wrapt.wrap_function_wrapper(impl, "update_graph_params", lambda w, i, a, k: w(*a, **k))
     activation.disable()
     try:
-        arm = run_arm(engine_factory, "paged_attention", "off", steps=8)
-        assert bitwise_equal(arm.outputs, stock.outputs)
+        arm = overlay_arm("paged_attention", "off", steps=8)
+        assert_bitwise(arm, stock)
         assert arm.counters == {}
     finally:
         setattr(impl, "update_graph_params", ours)

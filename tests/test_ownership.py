@@ -22,13 +22,14 @@ STEPS = 10
 TOL = 1e-4
 
 
-def target_steps(engine: Any, steps: int = STEPS) -> list[float]:
-    rng = random.Random(3)
+def steps_vs_eager(engine: Any, steps: int = STEPS, seed: int = 3) -> list[float]:
+    """Max |graph - eager| per step (the protocol keeps the two runs of a batch comparable)."""
+    rng = random.Random(seed)
     errors = []
     for _ in range(steps):
-        batch = engine.random_batch(rng)
-        eager = engine.run_eager(batch)
-        errors.append(float((engine.run_graph(batch) - eager).abs().max()))
+        batch = engine.next_batch(rng)
+        eager = engine.run(batch, graph=False).values
+        errors.append(float((engine.run(batch).values - eager).abs().max()))
     return errors
 
 
@@ -40,17 +41,17 @@ def overlay_on() -> Any:
 
 
 @pytest.mark.parametrize("collect", [False, True], ids=["old-graphs-alive", "after-gc"])
-def test_a_rebuilt_target_engine_is_owned_and_updated(engine_factory, overlay_on, collect):
-    first = engine_factory("dense_gqa")
-    target_steps(first, 3)
+def test_a_rebuilt_target_engine_is_owned_and_updated(build, overlay_on, collect):
+    first = build("dense_gqa")
+    steps_vs_eager(first, 3)
     kept = first.wrapper  # its graphs stay alive, as a reference cycle would keep them
     first.close()
     if collect:
         del kept
         gc.collect()
     owned_before = state.STATE.counters["updates.owned"]
-    second = engine_factory("dense_gqa")
-    errors = target_steps(second)
+    second = build("dense_gqa")
+    errors = steps_vs_eager(second)
     assert max(errors) < TOL  # equal to eager: the second engine's tasks were updated
     assert state.STATE.counters["updates.owned"] - owned_before == STEPS
     assert state.STATE.counters.get("updates.stock.unowned", 0) == 0
@@ -60,48 +61,34 @@ def test_a_rebuilt_target_engine_is_owned_and_updated(engine_factory, overlay_on
         del kept
 
 
-def test_update_first_order_takes_the_newest_engine_s_graph(engine_factory, overlay_on):
+def test_update_first_order_takes_the_newest_engine_s_graph(build, overlay_on):
     """ENPU / 310P: the update comes before the replay, so no replay names the graph."""
-    first = engine_factory("dense_enpu")
-    target_steps(first, 3)
+    first = build("dense_enpu")
+    steps_vs_eager(first, 3)
     kept = first.wrapper
     first.close()
-    second = engine_factory("dense_enpu")
-    assert max(target_steps(second)) < TOL
+    second = build("dense_enpu")
+    assert max(steps_vs_eager(second)) < TOL
     assert state.STATE.counters.get("updates.stock.unowned", 0) == 0
     del kept
 
 
-def draft_steps(engine: Any, steps: int = STEPS) -> list[float]:
-    rng = random.Random(5)
-    errors = []
-    for _ in range(steps):
-        batch = engine.draft_batch(rng)
-        snap = engine.snapshot_kv()
-        eager = engine.run_draft_eager(batch)
-        engine.restore_kv(snap)
-        out = engine.run_draft_graph(batch)
-        errors.append(float((out["hidden"] - eager["hidden"]).abs().max()))
-    return errors
-
-
 @pytest.mark.parametrize("collect", [False, True], ids=["old-drafter-alive", "after-gc"])
-def test_a_rebuilt_drafter_is_owned_and_updated(overlay_on, collect):
-    from torch_npu_sim.harness.draft import DRAFT_SCENARIOS, DraftEngine
-
-    scenario = DRAFT_SCENARIOS["mtp_2layers_k3"]
-    first = DraftEngine(scenario)
-    draft_steps(first, 2)
-    proposer = first.proposer  # proposer._runnable -> wrapper -> proposer._run_merged_draft
+def test_a_rebuilt_drafter_is_owned_and_updated(build, overlay_on, collect):
+    first = build("mtp_2layers_k3")
+    steps_vs_eager(first, 2, seed=5)
+    # vllm-ascend's proposer holds _runnable -> wrapper -> proposer._run_merged_draft: a cycle
+    # that keeps the wrapper, and its graphs, until the collector runs
+    kept = first.wrapper
     first.close()
     del first
     if collect:
-        del proposer
+        del kept
         gc.collect()
-    second = DraftEngine(scenario)
+    second = build("mtp_2layers_k3")
     try:
         owned_before = state.STATE.counters["updates.owned"]
-        assert max(draft_steps(second)) < TOL
+        assert max(steps_vs_eager(second, seed=5)) < TOL
         if not collect:  # the old drafter's graphs really were alive meanwhile
             drafts = [g for g in REGISTRY.graphs() if g.role == "draft"]
             assert max(REGISTRY.live_owners("draft", g.descriptor) for g in drafts) == 2
@@ -110,10 +97,10 @@ def test_a_rebuilt_drafter_is_owned_and_updated(overlay_on, collect):
     finally:
         second.close()
     if not collect:
-        del proposer
+        del kept
 
 
-def test_the_old_registry_rule_would_have_given_these_graphs_to_stock(engine_factory, overlay_on):
+def test_the_old_registry_rule_would_have_given_these_graphs_to_stock(build, overlay_on):
     """Negative control: with the owner unknown and the newest ignored (the rule before: two
     live owners meant stock), the rebuilt engine's updates go to stock."""
     original = REGISTRY.lookup
@@ -121,14 +108,14 @@ def test_the_old_registry_rule_would_have_given_these_graphs_to_stock(engine_fac
     def ambiguous_is_stock(role: str, descriptor: Any, owner: Any = None) -> Any:
         return None if REGISTRY.live_owners(role, descriptor) > 1 else original(role, descriptor)
 
-    first = engine_factory("dense_gqa")
-    target_steps(first, 3)
+    first = build("dense_gqa")
+    steps_vs_eager(first, 3)
     kept = first.wrapper
     first.close()
-    second = engine_factory("dense_gqa")
+    second = build("dense_gqa")
     REGISTRY.lookup = ambiguous_is_stock  # type: ignore[method-assign]
     try:
-        target_steps(second, 4)
+        steps_vs_eager(second, 4)
     finally:
         del REGISTRY.lookup
     assert state.STATE.counters["updates.stock.unowned"] > 0

@@ -14,12 +14,13 @@ import pytest
 
 from ascend_graph_patch import installer
 from ascend_graph_patch.aspects import verify
-from tests.overlay_support import bitwise_equal, run_arm
+from tests.overlay_support import assert_bitwise, overlay_arm
+from torch_npu_sim.harness import scenarios
 
 STEPS = 12
 
 
-def _swap_after_install(engine: Any) -> None:
+def _swap_after_install() -> None:
     """What NPUWorker.__init__ does, once the overlay is in place and before any capture."""
     import torch_npu
     from torch_npu.op_plugin.atb._atb_ops import _register_atb_extensions
@@ -31,38 +32,39 @@ def _swap_after_install(engine: Any) -> None:
     assert torch_npu._npu_paged_attention is not before  # the interceptor is left behind
 
 
+def _swapped_engine() -> Any:
+    """The engine is built (and captures) only after the swap, as in a real worker."""
+    _swap_after_install()
+    return scenarios.build("paged_attention")
+
+
 @pytest.fixture
-def stock_pa(engine_factory: Any, atb_lazy: Any) -> Any:
-    return run_arm(engine_factory, "paged_attention", "off", steps=STEPS)
+def stock_pa(atb_lazy: Any) -> Any:
+    return overlay_arm("paged_attention", "off", steps=STEPS)
 
 
-def test_verify_checks_pa_after_the_swap(
-    engine_factory: Any, atb_lazy: Any, stock_pa: Any, monkeypatch: Any
-) -> None:
+def test_verify_checks_pa_after_the_swap(atb_lazy: Any, stock_pa: Any, monkeypatch: Any) -> None:
     atb_lazy.restore_lazy()
     monkeypatch.setenv("ASCEND_GRAPH_PATCH_STRICT", "1")
-    arm = run_arm(
-        engine_factory, "paged_attention", "verify", steps=STEPS, before_steps=_swap_after_install
-    )
+    arm = overlay_arm("paged_attention", "verify", steps=STEPS, build=_swapped_engine)
     assert arm.error is None  # strict: any mismatch would have raised
     assert arm.counters["verify.tasks"] > 0 and "verify.mismatches" not in arm.counters
     assert arm.counters["verify.reattached"] >= 1  # the PA interceptor was re-attached
     assert arm.snapshot["tasks_per_kind"].get("pa", 0) > 0
-    assert bitwise_equal(arm.outputs, stock_pa.outputs)
+    assert_bitwise(arm, stock_pa)
 
 
 def test_negative_control_interceptors_left_on_the_swapped_attribute_miss_every_pa_task(
-    engine_factory: Any, atb_lazy: Any, stock_pa: Any, monkeypatch: Any, mocker: Any
+    atb_lazy: Any, stock_pa: Any, monkeypatch: Any, mocker: Any
 ) -> None:
     """The old wrapping: interceptors stay where they were installed, never re-attached."""
     atb_lazy.restore_lazy()
     mocker.patch.object(installer, "reattach", return_value=0)
     monkeypatch.setenv("ASCEND_GRAPH_PATCH_STRICT", "1")
-    arm = run_arm(
-        engine_factory, "paged_attention", "verify", steps=STEPS, before_steps=_swap_after_install
-    )
-    assert isinstance(arm.error, verify.VerifyMismatch)
-    problems = str(arm.error).splitlines()[1:]
+    arm = overlay_arm("paged_attention", "verify", steps=STEPS, build=_swapped_engine)
+    assert arm.run.error_type == verify.VerifyMismatch.__name__
+    message = arm.run.traceback.rsplit("VerifyMismatch: ", 1)[1]  # the whole message
+    problems = [p for p in message.splitlines()[1:] if p.strip()]
     assert len(problems) == 3  # the PA graph's three layers, each one missed
     assert all(p.strip().startswith("pa ") for p in problems)
     assert all(p.endswith("stock did not update this task") for p in problems)
