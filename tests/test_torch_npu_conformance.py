@@ -88,16 +88,32 @@ def test_simulated_op_matches_its_registered_schema(name: str) -> None:
 
 
 def _old_pa(
-    query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-    context_lens: ops.SeqLens, out, workspace=None,
-) -> torch.Tensor:  # fmt: skip
+    query,
+    key_cache,
+    value_cache,
+    num_kv_heads,
+    num_heads,
+    scale_value,
+    block_table,
+    context_lens: ops.SeqLens,
+    out,
+    workspace=None,
+) -> torch.Tensor:
     return out
 
 
 def _old_scatter(
-    key, value, key_cache, value_cache, slot_mapping, *, compress_lens=None,
-    compress_seq_offset=None, seq_lens=None, cache_mode="Norm",
-) -> None:  # fmt: skip
+    key,
+    value,
+    key_cache,
+    value_cache,
+    slot_mapping,
+    *,
+    compress_lens=None,
+    compress_seq_offset=None,
+    seq_lens=None,
+    cache_mode="Norm",
+) -> None:
     return None
 
 

@@ -61,8 +61,15 @@ class GraphWorkspaceProvider:
     def __post_init__(self) -> None:
         attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
         self.read = reader(attributes)
-        self.group = group_of((self.kind, self.keys, attributes, id(self.workspace),
-                               self.sparse_mode if self.causal is not None else None))  # fmt: skip
+        self.group = group_of(
+            (
+                self.kind,
+                self.keys,
+                attributes,
+                id(self.workspace),
+                self.sparse_mode if self.causal is not None else None,
+            )
+        )
 
     def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
         try:
