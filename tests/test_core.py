@@ -228,11 +228,13 @@ def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runti
     assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
 
 
-def test_a_failed_record_is_not_retried(runtime):
+def test_after_a_failed_record_nothing_more_is_recorded(runtime):
+    """The replay waits at b's event whatever is recorded after it; recording c's would leave
+    it set with nothing to consume it (a step behind for good, once the hang is cleared)."""
     graph, resolved = three_tasks_failing_at_b(runtime, fail="record")
     with pytest.raises(OSError, match="record"):
         graph.apply(resolved, "upd", runtime)
-    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0", "e-c-0"]
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
 
 
 def test_release_records_every_event_unless_the_runner_updates_first(runtime):

@@ -249,11 +249,14 @@ class OwnedGraph:
                     try:
                         event.record(update_stream)
                     except BaseException:
-                        record_failed = True  # not retried: it may have half happened
+                        record_failed = True
                         raise
                     done += 1
         except BaseException as exc:
-            pending = [task for task, _ in resolved[done + record_failed :]]
+            # A record that failed is not retried (it may have half happened), and the replay
+            # will wait at that event whatever else is recorded: recording the events after it
+            # would only leave them set with nothing to consume them (stock does not either).
+            pending = [] if record_failed else [task for task, _ in resolved[done:]]
             released = self.release(update_stream, pending)
             failed = resolved[done][0].label if done < len(resolved) else "the update"
             exc.add_note(

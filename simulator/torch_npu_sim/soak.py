@@ -1,5 +1,11 @@
 """Soak: one process, overlay on, every workload in turn for >= 10,000 replay steps in total.
 
+With ``--faults RATE`` (default 0.01) a second run of as many steps injects, at that rate, a fault
+drawn from ``torch_npu_sim.faults`` into one graph step: each faulty step must show what stock
+shows under that fault (the error it raises, or eager's output; ``Fault.overlay_step``, which
+``tests/test_fault_equivalence.py`` checks against a stock arm), the step after it must recover as
+the table says, and every other step must equal eager. RSS must stay flat here too.
+
 The workloads are names of the harness catalogue (default: the v1 target scenarios; any draft or v2
 name of ``ab --list`` can be added); each chunk is one ``run_arm`` on a fresh engine.
 
@@ -21,6 +27,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +70,128 @@ def _chunk(name: str, steps: int, seed: int, atol: float, stats: dict[str, Any])
         stats.setdefault("first_error", arm.error[:300])
 
 
+#: Faults the soak draws: those after which the runtime can go on (an update_end that raises
+#: leaves the simulator's update scope open for good, in stock as in the overlay).
+def _soak_faults() -> list[Any]:
+    from torch_npu_sim.faults import FAULTS
+
+    return [f for f in FAULTS.values() if f.overlay_next in ("ok", "blocked")]
+
+
+def _fault_chunk(
+    name: str, steps: int, rate: float, rng: Any, atol: float, stats: dict[str, Any]
+) -> None:
+    """``steps`` graph steps of one workload, a fault injected into about ``rate`` of them."""
+    import torch
+
+    from torch_npu_sim.faults import sync_point, take_step, take_step_eager
+    from torch_npu_sim.harness import scenarios
+
+    engine = scenarios.build(name)
+    pool = _soak_faults()
+    if engine.stock != "ok":  # no stock output to match a broken-lists step against
+        pool = [f for f in pool if f.overlay_step != "stock"]
+    try:
+        engine.capture()
+        expect_next = "ok"
+        for _ in range(steps):
+            if expect_next == "blocked":  # the last step's fault left a replay waiting, as stock's
+                blocked = sync_point()
+                if not blocked.blocked:
+                    stats["unexpected"] += 1
+                    stats.setdefault("first_unexpected", f"no replay left waiting: {blocked}")
+                expect_next = "ok"
+            batch = engine.next_batch(rng)
+            reference = take_step_eager(engine, batch)
+            if reference.output is None:  # a replay left waiting where none should be: a hang
+                stats["hangs"] += int(reference.blocked)
+                stats["unexpected"] += 1
+                stats.setdefault("first_unexpected", f"before the step: {reference.message}")
+                sync_point()
+                continue
+            eager = reference.output
+            fault = rng.choice(pool) if rng.random() < rate else None
+            result = take_step(engine, batch, fault.arm if fault is not None else None)
+            stats["steps"] += 1
+            if fault is not None:
+                stats["faults"][fault.name] = stats["faults"].get(fault.name, 0) + 1
+                if fault.overlay_step == "stock":  # the same step, stock updating: bitwise
+                    with _stock_updates():
+                        stock = take_step(engine, batch, fault.arm)
+                    sync_point()  # whatever stock left waiting is cleared before going on
+                    ok = result.output is not None and stock.output is not None
+                    ok = ok and torch.equal(result.output, stock.output)
+                else:
+                    ok = result.error == fault.overlay_step
+                expect_next = fault.overlay_next
+                what = f"{fault.name}: got {result.error or 'an output'}"
+            else:
+                ok = result.output is not None and _within(result.output, eager, atol)
+                what = f"clean step: {result.error or 'output differs from eager'}"
+            if result.blocked and not (fault is not None and fault.overlay_next == "blocked"):
+                stats["hangs"] += 1
+            if not ok:
+                stats["unexpected"] += 1
+                stats.setdefault("first_unexpected", what[:300])
+    finally:
+        engine.close()
+
+
+@contextmanager
+def _stock_updates() -> Iterator[None]:
+    """For one step, the overlay observes and stock updates its graphs: stock's own output."""
+    from ascend_graph_patch.aspects import scope
+
+    active = scope.ACTIVE
+    assert active is not None
+    mode, active.mode = active.mode, "observe"
+    try:
+        yield
+    finally:
+        active.mode = mode
+
+
+def _within(output: Any, eager: Any, atol: float) -> bool:
+    return bool(float((output.float() - eager.float()).abs().max()) <= atol)
+
+
+def fault_pass(
+    steps: int, chunk: int, rate: float, seed: int, atol: float, names: list[str]
+) -> dict[str, Any]:
+    """The overlay on, faults injected at ``rate``: per workload, what happened."""
+    import random
+
+    from ascend_graph_patch import activation
+
+    activation.enable("on")
+    rng = random.Random(seed)
+    per: dict[str, dict[str, Any]] = {
+        n: {"steps": 0, "unexpected": 0, "hangs": 0, "faults": {}, "rss_mb": []} for n in names
+    }
+    total = 0
+    try:
+        while total < steps:
+            for name in names:
+                n = min(chunk, steps - total)
+                if n <= 0:
+                    break
+                _fault_chunk(name, n, rate, rng, atol, per[name])
+                total += n
+                per[name]["rss_mb"].append(round(rss_mb(), 1))
+    finally:
+        activation.disable()
+    return per
+
+
 def run(
-    steps: int, chunk: int, verify_steps: int, seed: int, atol: float, names: list[str]
+    steps: int,
+    chunk: int,
+    verify_steps: int,
+    seed: int,
+    atol: float,
+    names: list[str],
+    fault_rate: float = 0.0,
+    fault_names: list[str] | None = None,
 ) -> dict[str, Any]:
     from ascend_graph_patch import activation
     from torch_npu_sim.harness.scenarios import CATALOGUE
@@ -128,6 +256,18 @@ def run(
                 problems.append(f"verify {name}: {s[key]} {key.replace('_', ' ')}")
         if not s["verify_updates"]:
             problems.append(f"verify {name}: no update was verified")
+    faulted: dict[str, Any] = {}
+    if fault_rate > 0:
+        faulted = fault_pass(steps, chunk, fault_rate, seed + 1, atol, fault_names or names)
+        for name, s in faulted.items():
+            rss = s["rss_mb"]
+            s["rss_growth_mb"] = round(rss[-1] - rss[1], 1) if len(rss) > 2 else 0.0
+            if s["unexpected"]:
+                problems.append(
+                    f"faults {name}: {s['unexpected']} unexpected step(s): {s['first_unexpected']}"
+                )
+            if s["rss_growth_mb"] > RSS_GROWTH_LIMIT_MB:
+                problems.append(f"faults {name}: RSS grew by {s['rss_growth_mb']} MB")
     return {
         "tool": "torch_npu_sim.soak",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -138,6 +278,11 @@ def run(
         "eager_atol": atol,
         "scenarios": per,
         "verify": verify,
+        "fault_rate": fault_rate,
+        "fault_steps": sum(s["steps"] for s in faulted.values()),
+        "faults_injected": sum(sum(s["faults"].values()) for s in faulted.values()),
+        "fault_hangs": sum(s["hangs"] for s in faulted.values()),
+        "faults": faulted,
         "overlay_counters": on_counters,
         "problems": problems,
         "ok": not problems,
@@ -160,25 +305,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=1e-3)
+    parser.add_argument(
+        "--faults",
+        type=float,
+        default=0.01,
+        help="also run as many steps with a fault injected at this rate (0: no fault pass)",
+    )
     parser.add_argument("--out", default="soak-result.json")
 
 
 def run_command(ns: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from torch_npu_sim.harness.scenarios import CATALOGUE, SCENARIOS
+    from torch_npu_sim.harness.spec import Scenario
 
     names = [s for s in (ns.scenarios or ",".join(SCENARIOS)).split(",") if s]
     unknown = [n for n in names if n not in CATALOGUE]
     if unknown or ns.steps < 1 or ns.chunk < 1:
         print(f"soak: error: bad arguments (unknown scenarios: {unknown})", file=sys.stderr)
         return 2
-    result = run(ns.steps, ns.chunk, ns.verify_steps, ns.seed, ns.atol, names)
+    if not 0.0 <= ns.faults <= 1.0:
+        print("soak: error: --faults is a rate between 0 and 1", file=sys.stderr)
+        return 2
+    # faults are injected into the default (replay-first) order's updates: ENPU left out
+    fault_names = [
+        n
+        for n in names
+        if isinstance(CATALOGUE[n], Scenario) and CATALOGUE[n].update_order == "replay_then_update"
+    ]
+    result = run(
+        ns.steps, ns.chunk, ns.verify_steps, ns.seed, ns.atol, names, ns.faults, fault_names
+    )
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(
         f"soak: {result['replay_steps']} replay steps + {result['verify_steps']} verify steps "
-        f"over {len(names)} scenarios in {result['seconds']} s: "
+        f"+ {result['fault_steps']} steps with {result['faults_injected']} faults injected, "
+        f"over {len(names)} workloads in {result['seconds']} s: "
         f"{'OK' if result['ok'] else 'FAILED'} -> {out}"
     )
     for problem in result["problems"]:
