@@ -161,6 +161,7 @@ def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
         group = -1
+        writes = ()
 
         def values(self, md, cache):
             raise RuntimeError("boom")

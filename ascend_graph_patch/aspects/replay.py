@@ -31,13 +31,11 @@ from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import current_role
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import (
-    DraftSource,
     MetadataFault,
     OwnedGraph,
     ResolutionError,
     ResolvedTask,
     StepFault,
-    TargetSource,
 )
 from ascend_graph_patch.core.kinds import TARGET
 from ascend_graph_patch.core.registry import REGISTRY
@@ -97,12 +95,11 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
     if not owned.tasks:
         state.count("updates.skipped_empty")
         return _SKIP
-    if role == TARGET:
-        source: Any = TargetSource(forward_context.attn_metadata)
-    else:
-        source = DraftSource(draft_attn_metadatas)
     try:
-        resolved = owned.resolve(source)
+        if role == TARGET:
+            resolved = owned.resolve_target(forward_context.attn_metadata)
+        else:
+            resolved = owned.resolve_draft(draft_attn_metadatas)
     except StepFault as fault:
         if active.mode != ON:  # observe / verify: stock updates every step, let it meet the fault
             return None
@@ -148,8 +145,12 @@ def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) 
             f"would. {where.removeprefix('ascend-graph-patch: ')}",
         )
         raise
-    state.count_update(len(resolved))
-    state.mark_effective(ASPECT)
+    counters = state.STATE.counters
+    counters["updates.owned"] += 1
+    counters["tasks.updated"] += len(resolved)
+    state.counted()
+    if ASPECT not in state.STATE.aspects_effective:
+        state.mark_effective(ASPECT)
 
 
 def _verify(

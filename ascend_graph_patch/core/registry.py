@@ -27,6 +27,14 @@ def _tokens(descriptor: Any) -> Any:
     return getattr(descriptor, "num_tokens", descriptor)
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Descriptor equality; their field dicts compare in C where the dataclass __eq__ does not."""
+    try:
+        return type(a) is type(b) and a.__dict__ == b.__dict__
+    except AttributeError:  # slotted: the type's own equality
+        return bool(a == b)
+
+
 def _ref(owner: Any) -> Any:
     try:
         return weakref.ref(owner)
@@ -62,7 +70,7 @@ class GraphRegistry:
 
     def _entries(self, role: str, descriptor: Any) -> list[tuple[Any, Any, Any]] | None:
         for known, entries in self._index.get((role, _tokens(descriptor)), ()):
-            if known is descriptor or known == descriptor:
+            if known is descriptor or _same(known, descriptor):
                 return entries
         return None
 
