@@ -18,6 +18,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import engine as engine_shims
 from . import runtime
 from .runtime import SimulatorError
 
@@ -83,6 +84,7 @@ def install() -> types.ModuleType:
     _pin_memory_shim(torch)
     _stub_acl()
     _MODULE = mod
+    engine_shims.apply()  # post-import hooks for the real vLLM engine (CPU device, ops, ...)
     return mod
 
 
@@ -364,11 +366,15 @@ def _weak_ref_tensor(tensor: Any) -> Any:
 
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
+    """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``)."""
+    from . import model_ops
+
     try:
         from . import ops
     except ImportError:
-        return {}, set()
-    return dict(getattr(ops, "REFERENCE_OPS", {})), set(getattr(ops, "HOST_FUNCTIONS", set()))
+        return dict(model_ops.REFERENCE_OPS), set()
+    table = {**getattr(ops, "REFERENCE_OPS", {}), **model_ops.REFERENCE_OPS}
+    return table, set(getattr(ops, "HOST_FUNCTIONS", set()))
 
 
 def _attach_ops(mod: types.ModuleType) -> None:
