@@ -72,8 +72,9 @@ def _check_outcome(record: dict[str, Any], case: cases.Case, arm: str, reference
     """What is wrong with ``arm``'s outcome on ``case`` (empty: nothing)."""
     expected = _expected_error(case, arm)
     error = record.get("error")
-    if expected is not None:
-        return "" if error and expected in error else f"expected {expected!r}, got {error}"
+    if expected is not None:  # the first line, or further down the exception's message
+        found = error and expected in error + (record.get("traceback") or "")
+        return "" if found else f"expected {expected!r}, got {error}"
     if error:
         return f"crashed: {error}"
     if reference is not None and record["tokens"] != reference:

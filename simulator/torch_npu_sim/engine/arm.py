@@ -144,9 +144,11 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     def on_step(workload: Any, step: int, batch: Any, out: Any) -> None:
         # While the engine is alive (its owned graphs are still registered), from the process
         # that runs the model runner: this one, or the engine core's (the RPC runs it there).
+        started = time.monotonic()
         seen["runners"] = workload.llm.collective_rpc(runner_figures)
         stats = workload.spec_stats()
         seen["spec"] = None if stats is None else {**vars(stats), "rate": stats.acceptance_rate}
+        workload.phases["figures"] = round(time.monotonic() - started, 2)
 
     started = time.monotonic()
     result = run_arm(build, case.steps, case.seed, eager=False, graph=graph, on_step=on_step)

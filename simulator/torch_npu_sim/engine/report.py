@@ -33,6 +33,7 @@ def cell(results: dict[str, Any], arm: str, case: Case) -> dict[str, Any]:
     reference = eager_tokens(results, case)
     return {
         "ran": True,
+        "arm": arm,
         "error": record.get("error"),
         "equal": None
         if reference is None or record.get("error")
@@ -53,6 +54,8 @@ def cell(results: dict[str, Any], arm: str, case: Case) -> dict[str, Any]:
 def _fmt(c: dict[str, Any]) -> list[str]:
     if c["error"]:
         tokens = "crash: " + c["error"][:70]
+    elif c["arm"] == "eager":
+        tokens = "(the reference)"
     else:
         tokens = {True: "equal", False: "DIFFER", None: "?"}[c["equal"]]
     tasks = (c["tasks_updated"] or 0) + (c["verify_tasks"] or 0)
