@@ -74,6 +74,9 @@ def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str
         VLLM_CACHE_ROOT=str(cache),
         ASCEND_GRAPH_PATCH_STATUS_DIR=str(directory / "status"),
         TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+        # One intra-op thread in every process (the arm sets it too; an engine core started by
+        # spawn would not inherit that): many tiny ops, and identical float results.
+        OMP_NUM_THREADS="1",
         VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     )
     env.update(arm.env)
