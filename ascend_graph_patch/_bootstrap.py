@@ -30,10 +30,15 @@ _STARTUP_MODULES = ("ascend_graph_patch", "wrapt")
 
 
 def definitely_off() -> bool:
-    """True when the toggle is off: nothing to load at all (the ``.pth`` line's test)."""
+    """True when the toggle is off and no status directory is asked for: nothing to load at all
+    (the ``.pth`` line's test)."""
     from ascend_graph_patch import settings
 
-    return os.environ.get(settings.ENV_MODE, "").strip().lower() in settings.OFF_VALUES
+    env = os.environ
+    return (
+        env.get(settings.ENV_MODE, "").strip().lower() in settings.OFF_VALUES
+        and not env.get(settings.ENV_STATUS_DIR, "").strip()
+    )
 
 
 def _warn(message: str) -> None:
@@ -75,6 +80,11 @@ def bootstrap() -> None:
         MODE = settings.mode()
         for problem in settings.problems():
             _warn(problem)
+        directory = settings.status_dir()
+        if directory is not None:  # measurement, in every mode (off included): see status_files
+            from ascend_graph_patch import status_files
+
+            status_files.start(directory)
         if MODE == settings.OFF:
             return
         from ascend_graph_patch import activation

@@ -49,6 +49,15 @@ def count(name: str, n: int = 1) -> None:
         listener()
 
 
+def count_update(tasks: int) -> None:
+    """One owned update of ``tasks`` tasks: both counters in one call (the replay hot path)."""
+    counters = STATE.counters
+    counters["updates.owned"] += 1
+    counters["tasks.updated"] += tasks
+    for listener in _listeners:
+        listener()
+
+
 def mark_effective(aspect: str) -> None:
     """Record the first time an aspect really ran (its wrapper took its non-trivial path)."""
     if aspect not in STATE.aspects_effective:

@@ -50,6 +50,28 @@ def loader_files() -> list[str]:
     ]
 
 
+def loader_warnings(environ: dict[str, str] | None = None) -> list[str]:
+    """Where the overlay, though asked for, may not load at all (nothing of ours would run to
+    say so then): said here, by ``status``."""
+    env = os.environ if environ is None else environ
+    found = []
+    plugins = env.get("VLLM_PLUGINS")
+    if settings.mode(env) != settings.OFF and plugins is not None:
+        allowed = {p.strip() for p in plugins.split(",") if p.strip()}
+        if "ascend_graph_patch" not in allowed:
+            found.append(
+                f"VLLM_PLUGINS={plugins!r} leaves out ascend_graph_patch: an interpreter that "
+                "skips the .pth loader (python -S, site-packages reached through PYTHONPATH) "
+                "will not load the overlay; add ascend_graph_patch to VLLM_PLUGINS"
+            )
+    if settings.mode(env) != settings.OFF and not loader_files():
+        found.append(
+            "no ascend_graph_patch.pth in this interpreter's site-packages: only "
+            "vLLM's general-plugin entry point can load the overlay here"
+        )
+    return found
+
+
 def _check_now() -> None:
     """Import the v1 seams here so the gate runs in this process (``status --check``)."""
     from ascend_graph_patch import activation
@@ -84,9 +106,10 @@ def snapshot(check: bool = False) -> dict[str, Any]:
     s = state.STATE
     gates = dict(s.gate)
     if s.mode != settings.OFF:
-        from ascend_graph_patch.aspects import GROUPS
+        from ascend_graph_patch import gate
+        from ascend_graph_patch.aspects import groups
 
-        for group, modules in GROUPS.items():
+        for group, modules in groups(gate.candidate_line()).items():
             if group not in gates:
                 waiting = ", ".join(m for m in modules if m not in s.modules_seen)
                 gates[group] = {"verdict": "pending", "reason": f"modules not loaded: {waiting}"}
@@ -96,7 +119,7 @@ def snapshot(check: bool = False) -> dict[str, Any]:
         "strict": settings.strict(),
         "force": settings.force(),
         "disabled_aspects": sorted(settings.disabled_aspects()),
-        "environment_problems": settings.problems(),
+        "environment_problems": settings.problems() + loader_warnings(),
         "enable_error": _bootstrap.ENABLE_ERROR,
         "simulator": simulator_in_use(),
         "loader_files": loader_files(),

@@ -1,11 +1,14 @@
-"""Per-process status files: how the overlay's counters leave the processes that did the work.
+"""Per-process status files: how counters and update timings leave the processes that did the work.
 
 vLLM runs the model runner in its engine-core process (the default) and, with tensor
-parallelism, in one worker process per rank: the counters that matter never live in the process
-that started the engine. With ``ASCEND_GRAPH_PATCH_STATUS_DIR=<dir>``, every process where the
-overlay is active writes its :func:`status.snapshot` to ``<dir>/status-<pid>.json`` (with its rank
-inside), atomically: at most once a second while it counts, and once more at exit. A reader
-(``ascend-graph-patch status --from <dir>``, the A/B report) merges them with :func:`merge`.
+parallelism, in one worker process per rank: the figures that matter never live in the process
+that started the engine. With ``ASCEND_GRAPH_PATCH_STATUS_DIR=<dir>``, every Python process (the
+``.pth`` loader starts this even with the toggle off, so a stock run can be measured the same way)
+writes its :func:`status.snapshot` to ``<dir>/status-<pid>.json`` (with its rank inside),
+atomically: at most once a second while it counts, and once more at exit. Once vllm_ascend loads,
+each call of the runner's update entry points is timed (``ab.timing``: a wrapper above whatever
+the overlay installed, the same in every mode) and the samples go into the file. A reader
+(``ascend-graph-patch status --from <dir>``, the A/B report) merges the files with :func:`merge`.
 
 The hot path pays one comparison per counter update; the file is written outside of it only
 when a second has passed. A fork starts the child's file afresh (its own pid, its own counters).
@@ -24,6 +27,8 @@ from typing import Any
 
 #: Seconds between two writes of one process's file while it keeps counting.
 INTERVAL = 1.0
+#: Update-time samples kept per process (the newest).
+MAX_SAMPLES = 100_000
 _PREFIX = "status-"
 
 
@@ -50,6 +55,7 @@ class StatusWriter:
         self.interval = interval
         self.next_write = 0.0
         self.failed: str | None = None
+        self.timer: Any = None  # ab.timing.UpdateTimer, once vllm_ascend loads
 
     @property
     def path(self) -> Path:
@@ -69,6 +75,10 @@ class StatusWriter:
         try:
             snap = status.snapshot()
             snap["rank"] = rank()
+            if self.timer is not None:
+                snap["update_ns"] = self.timer.samples[-MAX_SAMPLES:]
+                snap["update_calls"] = len(self.timer.samples)
+                snap["timed_targets"] = sorted(set(self.timer.installed))
             snap["argv"] = sys.argv[:3]
             snap["written_at"] = time.time()
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -86,7 +96,22 @@ class StatusWriter:
         from ascend_graph_patch import state
 
         state.STATE.counters.clear()
+        if self.timer is not None:
+            self.timer.samples.clear()
         self.next_write = 0.0
+
+    def time_updates(self) -> None:
+        """Time the runner's update entry points (trigger callback: vllm_ascend is loading)."""
+        from ascend_graph_patch import state
+
+        try:
+            from ascend_graph_patch.ab import timing
+
+            timer = timing.UpdateTimer(on_sample=self.maybe_write)
+            timer.install(timing.VLLM_TARGETS)
+            self.timer = timer
+        except Exception as exc:
+            state.warn_once("status-timing", f"update timing unavailable: {exc!r}")
 
 
 _WRITER: StatusWriter | None = None
@@ -98,11 +123,14 @@ def start(directory: str) -> StatusWriter:
     from ascend_graph_patch import state
 
     if _WRITER is None:
+        from ascend_graph_patch import trigger
+
         _WRITER = StatusWriter(directory)
         writer = _WRITER
         state.on_count(writer.maybe_write)
         atexit.register(lambda: writer.write())
         os.register_at_fork(after_in_child=writer.after_fork_in_child)
+        trigger.arm(writer.time_updates)
     return _WRITER
 
 
@@ -122,9 +150,11 @@ def merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
     counters: Counter[str] = Counter()
     tasks: Counter[str] = Counter()
     rows = []
+    update_ns: list[int] = []
     for snap in snaps:
         counters.update(snap.get("counters") or {})
         tasks.update(snap.get("tasks_per_kind") or {})
+        update_ns.extend(snap.get("update_ns") or [])
         rows.append(
             {
                 "pid": snap.get("pid"),
@@ -143,5 +173,6 @@ def merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
         "graphs_refused": sum(r["graphs_refused"] for r in rows),
         "tasks_per_kind": dict(sorted(tasks.items())),
         "counters": dict(sorted(counters.items())),
+        "update_ns": update_ns,
         "per_process": rows,
     }

@@ -6,7 +6,6 @@ imported lazily here so that test modules which never build an engine do not pay
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import zlib
 from collections.abc import Callable, Iterator
@@ -15,28 +14,24 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from torch_npu_sim.harness.target import Scenario, SimEngine
+    from torch_npu_sim.workload import Workload
 
 
 @pytest.fixture
-def engine_factory() -> Iterator[Callable[..., SimEngine]]:
-    """Build ``SimEngine``s by scenario (name or object, with field overrides).
+def build() -> Iterator[Callable[..., Workload]]:
+    """Build harness workloads by catalogue name or scenario (with field overrides).
 
     Only one engine is alive at a time (engines share vllm-ascend's module globals): building a
     new one closes the previous one, and every engine is closed at teardown.
     """
-    engines: list[SimEngine] = []
+    engines: list[Workload] = []
 
-    def make(scenario: str | Scenario, **overrides: Any) -> SimEngine:
-        from torch_npu_sim.harness.scenarios import SCENARIOS
-        from torch_npu_sim.harness.target import SimEngine
+    def make(workload: str | Any, **overrides: Any) -> Workload:
+        from torch_npu_sim.harness import scenarios
 
         for engine in engines:
             engine.close()
-        sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
-        if overrides:
-            sc = dataclasses.replace(sc, **overrides)
-        engine = SimEngine(sc)
+        engine = scenarios.build(workload, **overrides)
         engines.append(engine)
         return engine
 
@@ -46,6 +41,25 @@ def engine_factory() -> Iterator[Callable[..., SimEngine]]:
 
 
 @pytest.fixture
-def rng(request: pytest.FixtureRequest) -> random.Random:
-    """A random stream, stable per test (seeded from the test id), different across tests."""
-    return random.Random(zlib.crc32(request.node.nodeid.encode()))
+def atb_lazy() -> Iterator[Any]:
+    """torch_npu's ATB ops as at import (lazy functions), swapped back to that after the test.
+
+    Yields the simulator's ``atb`` module: ``_register_atb_extensions()`` performs the swap.
+    """
+    from torch_npu_sim import atb
+
+    atb.restore_lazy()
+    yield atb
+    atb.restore_lazy()
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A seed, stable per test (from the test id), different across tests."""
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+@pytest.fixture
+def rng(seed: int) -> random.Random:
+    """A random stream from ``seed``."""
+    return random.Random(seed)

@@ -87,7 +87,7 @@ def test_mtp_point_is_a_draft_update(mocker):
     from ascend_graph_patch import state
 
     core._prepare()
-    engine = core._engine(core.KINDS[core.MTP_KIND](2, (4,)), (4,))
+    engine = core._engine(core.KINDS[core.MTP_KIND](2, (4,)))
     seen = []
     real = core._stock_update()
 
@@ -101,7 +101,7 @@ def test_mtp_point_is_a_draft_update(mocker):
         point = core.measure_point(engine, core.MTP_KIND, 2, 4, rounds=1, inner=1)
         overlay_updates = state.STATE.counters["updates.owned"] - before
     finally:
-        core._close(engine)
+        engine.close()
     assert point.error is None and point.tasks == 6 and point.steps == 3
     assert point.vs_stock is not None and point.vs_floor is not None
     assert overlay_updates >= 1 + 3 + 1  # warm-up, owned check, one round: never stock

@@ -9,13 +9,36 @@ import pytest
 import torch
 
 from ascend_graph_patch.core.graph import (
+    CaptureRefused,
     DraftSource,
+    MetadataFault,
     OwnedGraph,
     ResolutionError,
+    RuntimeFault,
+    StepFault,
     TargetSource,
     UpdateTask,
 )
-from ascend_graph_patch.core.providers import FIAProvider, FIAV2Provider, PAProvider
+from ascend_graph_patch.core.kinds import DRAFT, FIA, FIA_V2, PA, TARGET
+from ascend_graph_patch.core.registry import GraphRegistry
+from ascend_graph_patch.core.tasks import make_provider
+from ascend_graph_patch.lines.v0_23 import LINE
+
+
+def provider(
+    kind=FIA,
+    role=TARGET,
+    *,
+    workspace=lambda: "ws",
+    sliding_window=None,
+    sparse_mode=3,
+    runtime=None,
+    template=None,
+):
+    """The provider the task factory builds for ``kind`` on the supported line."""
+    fields = {"sliding_window": sliding_window}
+    template = template if template is not None else {"sparse_mode": sparse_mode}
+    return make_provider(LINE.layouts[kind], fields, template, role, runtime, workspace)
 
 
 class FakeRuntime:
@@ -70,7 +93,7 @@ def make_task(runtime, name, key, step=0, provider=None, op=None, kind="fia"):
         event=FakeEvent(runtime, f"e-{name}-{step}"),
         op=op or (lambda **kw: (runtime.calls.append(("op", name, step)), launched.append(kw))),
         template={"query": "q", "block_table": "captured"},
-        provider=provider or FIAProvider(workspace=lambda: "ws"),
+        provider=provider or globals()["provider"](),
     )
     return task, launched
 
@@ -100,42 +123,124 @@ def test_apply_runs_the_protocol_once_per_task_in_capture_order(runtime):
     assert l0[0]["workspace"] == "ws" and l0[0]["query"] == "q"
 
 
-def test_missing_metadata_key_fails_before_any_runtime_call(runtime):
-    graph = OwnedGraph(role="target", descriptor=4)
+def two_tasks(runtime, **kw):
+    graph = OwnedGraph(role="target", descriptor=4, **kw)
     graph.add(make_task(runtime, "layers.0", "layers.0")[0])
     graph.add(make_task(runtime, "layers.1", "layers.1")[0])
-    with pytest.raises(ResolutionError, match="layers.1"):
-        graph.resolve(TargetSource({"layers.0": metadata([4], [1])}))
-    assert runtime.calls == []
+    return graph
 
 
-def test_provider_exception_becomes_resolution_error(runtime):
+@pytest.mark.parametrize(
+    ("metadata_of_layer_1", "error"),
+    [
+        ("missing", KeyError),  # the key is not in the dict
+        (None, AttributeError),  # the entry is None
+        (SimpleNamespace(num_actual_tokens=4), AttributeError),  # another kind of metadata
+    ],
+)
+def test_unreadable_metadata_is_a_step_fault_carrying_stock_s_error(
+    runtime, metadata_of_layer_1, error
+):
+    """Stock reads the same fields of the same entry: it raises the same kind of error."""
+    md = {"layers.0": metadata([4], [1])}
+    if metadata_of_layer_1 != "missing":
+        md["layers.1"] = metadata_of_layer_1
+    with pytest.raises(MetadataFault, match="layers.1") as caught:
+        two_tasks(runtime).resolve(TargetSource(md))
+    assert isinstance(caught.value.error, error)
+    assert runtime.calls == []  # before any runtime call
+
+
+def test_metadata_that_is_not_a_mapping_is_a_step_fault(runtime):
+    with pytest.raises(MetadataFault) as caught:
+        two_tasks(runtime).resolve(TargetSource(None))
+    assert isinstance(caught.value.error, TypeError)
+
+
+def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
+        group = -1
 
-        def bind(self, md, launch, cache):
+        def values(self, md, cache):
             raise RuntimeError("boom")
 
     graph = OwnedGraph(role="target", descriptor=4)
     graph.add(make_task(runtime, "layers.0", "layers.0", provider=Broken())[0])
-    with pytest.raises(ResolutionError, match="boom"):
+    with pytest.raises(ResolutionError, match="boom") as caught:
         graph.resolve(TargetSource({"layers.0": metadata([4], [1])}))
+    assert not isinstance(caught.value, StepFault)  # stock, on intact metadata, takes the step
 
 
-def test_failed_launch_still_records_every_remaining_event(runtime):
+def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
+    def getter(**kw):
+        raise RuntimeError("aclnn workspace failed")
+
+    template = {
+        "query": torch.zeros(4, 2, 8),
+        "key_cache": torch.zeros(3, 16, 1, 8),
+        "value_cache": torch.zeros(3, 16, 1, 8),
+        "block_table": torch.zeros(4, 2, dtype=torch.int32),
+        "num_kv_heads": 1,
+        "num_heads": 2,
+        "out": torch.zeros(4, 2, 8),
+    }
+    runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=getter)
+    pa = provider(PA, runtime=runtime_ns, template=template)
+    graph = OwnedGraph(role="target", descriptor=4)
+    graph.add(make_task(runtime, "layers.0", "layers.0", provider=pa, kind=PA)[0])
+    with pytest.raises(RuntimeFault) as caught:
+        graph.resolve(TargetSource({"layers.0": metadata([4], [1, 2, 3, 4])}))
+    assert str(caught.value.error) == "aclnn workspace failed"
+
+
+def three_tasks_failing_at_b(runtime, replay_first=True, fail="op"):
     def failing(**kw):
         raise RuntimeError("launch failed")
 
-    graph = OwnedGraph(role="target", descriptor=4)
+    graph = OwnedGraph(role="target", descriptor=4, replay_first=replay_first)
     graph.add(make_task(runtime, "a", "a")[0])
-    graph.add(make_task(runtime, "b", "b", op=failing)[0])
+    task_b = make_task(runtime, "b", "b", op=failing if fail == "op" else None)[0]
+    if fail == "record":
+        task_b.event = SimpleNamespace(record=lambda s: (_ for _ in ()).throw(OSError("record")))
+    graph.add(task_b)
     graph.add(make_task(runtime, "c", "c")[0])
     md = {k: metadata([4], [1]) for k in "abc"}
-    with pytest.raises(RuntimeError, match="launch failed"):
-        graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
+    return graph, graph.resolve(TargetSource(md))
+
+
+def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(runtime):
+    graph, resolved = three_tasks_failing_at_b(runtime)
+    with pytest.raises(RuntimeError, match="launch failed") as caught:
+        graph.apply(resolved, "upd", runtime)
     records = [c[1] for c in runtime.calls if c[0] == "record"]
-    assert records == ["e-a-0", "e-b-0", "e-c-0"]
+    assert records == ["e-a-0", "e-b-0", "e-c-0"]  # a updated; b and c released, not updated
     assert runtime.calls.count(("end",)) == 2  # the failed update scope is closed too
+    assert any("fia b (2 of 3) failed; 2 pending event(s)" in n for n in caught.value.__notes__)
+
+
+def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime):
+    """ENPU / 310P order: no replay waits yet, and the failure stops it from being launched;
+    a record now would be a second one when the next step's update records again."""
+    graph, resolved = three_tasks_failing_at_b(runtime, replay_first=False)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        graph.apply(resolved, "upd", runtime)
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
+
+
+def test_a_failed_record_is_not_retried(runtime):
+    graph, resolved = three_tasks_failing_at_b(runtime, fail="record")
+    with pytest.raises(OSError, match="record"):
+        graph.apply(resolved, "upd", runtime)
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0", "e-c-0"]
+
+
+def test_release_records_every_event_unless_the_runner_updates_first(runtime):
+    assert two_tasks(runtime).release("upd") == 2
+    assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-layers.0-0", "e-layers.1-0"]
+    runtime.calls.clear()
+    assert two_tasks(runtime, replay_first=False).release("upd") == 0
+    assert runtime.calls == []
 
 
 def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
@@ -145,7 +250,7 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
     for step in range(3):
         for name in ("mtp.0", "mtp.1"):
             task, launched = make_task(
-                runtime, name, name, step, FIAProvider(workspace=lambda: None, draft=True)
+                runtime, name, name, step, provider(role=DRAFT, workspace=lambda: None)
             )
             graph.add(task)
             tasks[(name, step)] = launched
@@ -161,17 +266,18 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
         assert tasks[("mtp.0", step)][0]["sparse_mode"] == 3  # the captured mode, causal step
 
 
-def test_draft_with_too_few_steps_refuses(runtime):
+def test_draft_with_too_few_steps_is_a_step_fault(runtime):
     graph = OwnedGraph(role="draft", descriptor=4)
     graph.add(make_task(runtime, "mtp.0", "mtp.0", step=1)[0])
-    with pytest.raises(ResolutionError, match="draft step 1 missing"):
+    with pytest.raises(MetadataFault, match=r"draft step 1 \(1 step\(s\) given\)") as caught:
         graph.resolve(DraftSource([{"mtp.0": metadata([1], [1])}]))
+    assert isinstance(caught.value.error, IndexError)
 
 
 def test_duplicate_task_key_is_rejected(runtime):
     graph = OwnedGraph(role="draft", descriptor=4)
     graph.add(make_task(runtime, "mtp.0", "mtp.0", step=0)[0])
-    with pytest.raises(ResolutionError, match="duplicate"):
+    with pytest.raises(CaptureRefused, match="duplicate"):
         graph.add(make_task(runtime, "mtp.0", "mtp.0", step=0)[0])
 
 
@@ -191,32 +297,66 @@ def bound(provider, md, launch=None, cache=None):
 def test_sliding_window_keeps_the_captured_block_table():
     table = torch.arange(4).view(1, 4)
     md = metadata([4], [3], table=table)
-    swa = bound(FIAProvider(workspace=lambda: None, rebind_block_table=False), md)
-    dense = bound(FIAProvider(workspace=lambda: None), md)
-    draft = FIAProvider(workspace=lambda: None, rebind_block_table=False, draft=True)
+    swa = bound(provider(sliding_window=64), md)
+    dense = bound(provider(), md)
+    draft = provider(role=DRAFT, sliding_window=64)
     assert "block_table" not in swa
     assert dense["block_table"] is table
     assert bound(draft, md)["block_table"] is table  # drafts always rebind
 
 
+def test_fia_binds_the_fields_stock_binds():
+    md = metadata([2, 4], [7, 9])
+    launch = bound(provider(), md)
+    assert launch["actual_seq_lengths"] is md.actual_seq_lengths_q
+    assert launch["actual_seq_lengths_kv"] is md.seq_lens_list
+    assert launch["workspace"] == "ws" and "sparse_mode" not in launch  # target: captured mode
+    v2 = bound(provider(FIA_V2), md)
+    assert v2["actual_seq_qlen"] is md.actual_seq_lengths_q
+    assert v2["actual_seq_kvlen"] is md.seq_lens_list and "block_table" not in v2
+
+
 def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode():
-    provider = FIAProvider(workspace=lambda: None, draft=True, sparse_mode=3)
-    launch = bound(provider, metadata([1], [1], causal=False))
+    draft = provider(role=DRAFT, workspace=lambda: None, sparse_mode=3)
+    launch = bound(draft, metadata([1], [1], causal=False))
     assert launch["sparse_mode"] == 0
-    assert bound(provider, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
+    assert bound(draft, metadata([1], [1], causal=True), launch)["sparse_mode"] == 3
 
 
-def test_graph_workspace_is_read_once_per_pass():
+def test_tasks_of_one_kv_group_share_one_computation_of_their_values(runtime):
+    """The layers of a KV-cache group read one metadata object: the fresh values (and the
+    graph's workspace) are computed once for all of them, each task gets its own launch dict."""
     reads = []
     getter = lambda: reads.append(1) or "ws"  # noqa: E731
-    provider = FIAV2Provider(workspace=getter)
-    cache: dict = {}
-    for _ in range(5):
-        assert bound(provider, metadata([4], [1]), cache=cache)["workspace"] == "ws"
-    assert len(reads) == 1
+    graph = OwnedGraph(role="target", descriptor=4)
+    launched = {}
+    for i in range(5):
+        task, launched[i] = make_task(
+            runtime, f"l{i}", f"l{i}", provider=provider(FIA_V2, workspace=getter)
+        )
+        graph.add(task)
+    shared_md = metadata([4], [1])
+    other_md = metadata([4], [2])
+    md = {"l0": shared_md, "l1": shared_md, "l2": other_md, "l3": shared_md, "l4": other_md}
+    graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
+    assert len(reads) == 2  # one per distinct metadata object
+    kvs = [launched[i][0]["actual_seq_kvlen"] for i in range(5)]
+    assert kvs == [[1], [1], [2], [1], [2]]
+    launches = [launched[i][0] for i in range(5)]
+    assert len({id(launch) for launch in launches}) == 5
 
 
-def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
+def test_a_graph_without_a_captured_workspace_binds_none(runtime):
+    graph = OwnedGraph(role="target", descriptor=4)
+    task, launched = make_task(
+        runtime, "l0", "l0", provider=provider(FIA_V2, workspace=lambda: None)
+    )
+    graph.add(task)
+    graph.apply(graph.resolve(TargetSource({"l0": metadata([4], [1])})), "upd", runtime)
+    assert launched[0]["workspace"] is None
+
+
+def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature(runtime):
     calls = []
 
     def get_workspace(**kw):
@@ -225,27 +365,90 @@ def test_pa_workspace_recomputed_from_context_lens_and_shared_by_signature():
 
     query = torch.zeros(4, 2, 8)
     cache_t = torch.zeros(3, 16, 1, 8)
-    template = {
-        "query": query,
-        "key_cache": cache_t,
-        "value_cache": cache_t,
-        "num_kv_heads": 1,
-        "num_heads": 2,
-        "scale_value": 1.0,
-        "block_table": None,
-        "context_lens": None,
-        "out": query,
-        "workspace": None,
-    }
-    provider = PAProvider(
-        workspace_for=get_workspace, shape_signature=PAProvider.signature_of(template)
-    )
+
+    def template_with(table):
+        return {
+            "query": query,
+            "key_cache": cache_t,
+            "value_cache": cache_t,
+            "num_kv_heads": 1,
+            "num_heads": 2,
+            "scale_value": 1.0,
+            "block_table": table,
+            "context_lens": None,
+            "out": query,
+            "workspace": None,
+        }
+
+    template = template_with(torch.zeros(4, 2, dtype=torch.int32))
+    wider = template_with(torch.zeros(4, 8, dtype=torch.int32))
+    runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=get_workspace)
+    graph = OwnedGraph(role="target", descriptor=4)
+    launched = {}
+    for name, tmpl in (("a", template), ("b", template), ("c", wider)):
+        pa = provider(PA, runtime=runtime_ns, template=tmpl)
+        task, launched[name] = make_task(runtime, name, name, provider=pa, kind=PA)
+        graph.add(task)
     md = metadata([4], [5, 6, 7, 8])
-    cache: dict = {}
-    a = bound(provider, md, dict(template), cache)
-    b = bound(provider, md, dict(template), cache)
+    graph.apply(graph.resolve(TargetSource({"a": md, "b": md, "c": md})), "upd", runtime)
+    a, b, c = (launched[n][0] for n in "abc")
     assert a["context_lens"] is md.seq_lens and a["workspace"] is b["workspace"]
-    assert len(calls) == 1 and calls[0] is md.seq_lens
+    # a block table of another shape is another signature: never handed the same workspace
+    assert c["workspace"] is not a["workspace"]
+    assert len(calls) == 2 and calls[0] is md.seq_lens
     other = metadata([4], [1, 1, 1, 1])
-    assert bound(provider, other, dict(template), cache)["workspace"].numel() == 4
-    assert len(calls) == 2
+    graph.apply(graph.resolve(TargetSource({"a": other, "b": other, "c": md})), "upd", runtime)
+    assert launched["a"][-1]["workspace"].numel() == 4 and len(calls) == 4
+
+
+# --- the registry: a rebuilt engine's graphs are found, not an old one's ------------------------
+
+
+class Owner:
+    """A graph wrapper stand-in (weakly referenceable, like ACLGraphWrapper)."""
+
+
+class Graph:
+    """An NPUGraph stand-in."""
+
+
+def registered(registry, owner, descriptor=4, role="target"):
+    graph = Graph()
+    owned = OwnedGraph(role=role, descriptor=descriptor)
+    registry.register(owner, graph, owned)
+    return graph, owned
+
+
+def test_the_replaying_owner_finds_its_own_graph_while_an_older_one_is_alive():
+    registry = GraphRegistry()
+    old_owner, new_owner = Owner(), Owner()
+    old = registered(registry, old_owner)
+    new = registered(registry, new_owner)
+    assert registry.live_owners("target", 4) == 2
+    assert registry.lookup("target", 4, old_owner) is old[1]
+    assert registry.lookup("target", 4, new_owner) is new[1]
+    assert registry.lookup("target", 4) is new[1]  # no owner known: the newest
+    assert registry.lookup("draft", 4) is None and registry.lookup("target", 8) is None
+
+
+def test_an_owner_whose_graph_was_refused_gets_none_not_another_engine_s_graph():
+    registry = GraphRegistry()
+    owner, other = Owner(), Owner()
+    keep = registered(registry, other)
+    registry.refuse(owner, "target", 4, "an attention kind it does not own")
+    assert registry.lookup("target", 4, owner) is None
+    assert registry.refused[("target", 4)] == "an attention kind it does not own"
+    assert keep
+
+
+def test_dropped_graphs_leave_the_registry():
+    import gc
+
+    registry = GraphRegistry()
+    old_owner, new_owner = Owner(), Owner()
+    old_graph, _ = registered(registry, old_owner)
+    new = registered(registry, new_owner)
+    del old_graph, old_owner
+    gc.collect()
+    assert registry.live_owners("target", 4) == 1
+    assert registry.graphs() == [new[1]]

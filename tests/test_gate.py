@@ -9,7 +9,7 @@ import pytest
 
 from ascend_graph_patch import activation, gate, state
 from ascend_graph_patch.lines import LINES
-from tests.overlay_support import bitwise_equal, run_arm
+from tests.overlay_support import assert_bitwise, overlay_arm
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_changed_signature_is_refused(seams, monkeypatch, capfd) -> None:
 def test_missing_method_is_refused(seams, monkeypatch, capfd) -> None:
     attn, _ = seams
     monkeypatch.delattr(_impl(attn), "full_graph_fia_v2")
-    _enable_and_expect_refusal(capfd, "lacks full_graph_fia_v2")
+    _enable_and_expect_refusal(capfd, "AscendAttentionBackendImpl.full_graph_fia_v2 is missing")
 
 
 def test_marker_of_the_newer_line_is_refused(seams, monkeypatch, capfd) -> None:
@@ -80,14 +80,14 @@ def test_force_overrides_a_refusal_with_a_warning(seams, monkeypatch, capfd) -> 
     assert "FORCED install (v1)" in capfd.readouterr().err
 
 
-def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(
-    engine_factory, monkeypatch
-) -> None:
-    stock = run_arm(engine_factory, "dense_gqa", "off", steps=20)
-    drifted = dataclasses.replace(LINES[0], tuple_arity={**LINES[0].tuple_arity, "fia": 21})
+def test_wrong_tuple_arity_at_first_capture_leaves_graphs_to_stock(monkeypatch) -> None:
+    stock = overlay_arm("dense_gqa", "off", steps=20)
+    line = LINES[0]
+    fia = dataclasses.replace(line.layouts["fia"], fields=line.layouts["fia"].fields[:-1])
+    drifted = dataclasses.replace(line, layouts={**line.layouts, "fia": fia})
     monkeypatch.setattr(gate, "LINES", (drifted,))
-    arm = run_arm(engine_factory, "dense_gqa", "on", steps=20)
-    assert bitwise_equal(arm.outputs, stock.outputs)
+    arm = overlay_arm("dense_gqa", "on", steps=20)
+    assert_bitwise(arm, stock)
     assert "graphs.owned" not in arm.counters
     assert arm.counters["updates.stock.unowned"] == 20
     refused = arm.snapshot["graphs_refused"]

@@ -3,33 +3,31 @@
 from __future__ import annotations
 
 import gc
-import random
 import weakref
+from typing import Any
 
 from ascend_graph_patch import activation
 from ascend_graph_patch.core.registry import REGISTRY
-from torch_npu_sim.harness.scenarios import SCENARIOS
-from torch_npu_sim.harness.target import SimEngine
+from torch_npu_sim.harness import scenarios
+from torch_npu_sim.workload import run_arm
 
 
 def test_owned_graphs_and_captured_tensors_die_with_the_engine() -> None:
-    activation.enable("on")
-    try:
-        engine = SimEngine(SCENARIOS["dense_gqa"])
-        rng = random.Random(3)
-        for _ in range(5):
-            engine.run_graph(engine.random_batch(rng))
+    refs: list[weakref.ref] = []
+
+    def watch(workload: Any) -> None:  # before close: what the overlay holds of the engine
         graphs = REGISTRY.graphs()
         assert graphs and all(g.tasks for g in graphs)
         task = graphs[0].tasks[0]
-        captured = [weakref.ref(task.template["query"]), weakref.ref(task.template["out"][0])]
-        graph_refs = [weakref.ref(g) for g in graphs]
-        del graphs, task
-        engine.close()
-        del engine
-        gc.collect()
+        refs.extend(weakref.ref(g) for g in graphs)
+        refs.extend([weakref.ref(task.template["query"]), weakref.ref(task.template["out"][0])])
+
+    activation.enable("on")
+    try:
+        arm = run_arm(lambda: scenarios.build("dense_gqa"), 5, 3, eager=False, after_steps=watch)
+        assert arm.ok and arm.steps == 5, arm.error
+        gc.collect()  # run_arm has closed the engine and let go of it
         assert REGISTRY.graphs() == []
-        assert all(ref() is None for ref in graph_refs)
-        assert all(ref() is None for ref in captured)  # no strong reference of ours remains
+        assert len(refs) > 2 and all(ref() is None for ref in refs)  # nothing of ours remains
     finally:
         activation.disable()

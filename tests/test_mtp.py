@@ -1,36 +1,26 @@
 """v1 MTP / Eagle merged draft graphs: the overlay against stock and eager, on the real proposer.
 
-Each arm builds a fresh `DraftEngine` with the same seed, so the same batches, weights and KV
-history reach stock and overlay; eager runs inside each arm on a KV snapshot. Draft tasks must be
-keyed by (metadata key, step): one task per layer per step, all distinct.
+Each arm builds a fresh draft engine with the same seed, so the same batches, weights and KV
+history reach stock and overlay; eager runs first in each step and leaves the KV caches as it found
+them. Draft tasks must be keyed by (metadata key, step): one task per layer per step, all distinct.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
 
-from torch_npu_sim.harness.draft import DRAFT_SCENARIOS, DraftEngine, DraftScenario
+from tests.overlay_support import OverlayArm, assert_bitwise, overlay_arm
+from torch_npu_sim.harness import scenarios
+from torch_npu_sim.harness.scenarios import DRAFT_SCENARIOS
 
 STEPS = 16
 TOL = 1e-4
-
-
-@dataclass
-class Arm:
-    hidden: list[torch.Tensor] = field(default_factory=list)
-    tokens: list[torch.Tensor] = field(default_factory=list)
-    eager_err: list[float] = field(default_factory=list)  # max |graph - eager| per propose call
-    counters: dict[str, int] = field(default_factory=dict)
-    keys: list[list[tuple]] = field(default_factory=list)  # task keys per owned draft graph
-
-    @property
-    def max_err(self) -> float:
-        return max(self.eager_err)
 
 
 @pytest.fixture
@@ -57,45 +47,24 @@ def overlay() -> Iterator[Callable[[str], None]]:
     activation.disable()
 
 
-def run_arm(
-    scenario: DraftScenario,
-    steps: int = STEPS,
-    *,
-    tamper: Callable[[], None] | None = None,
-) -> Arm:
-    """Capture both sizes, optionally tamper with the owned graphs, then propose `steps` times."""
-    from ascend_graph_patch import state
-    from ascend_graph_patch.core.registry import REGISTRY
-
-    arm = Arm()
-    engine = DraftEngine(scenario)
-    try:
-        for size in scenario.capture_sizes:
-            engine.capture(size)
-        if tamper is not None:
-            tamper()
-        rng = random.Random(1234)
-        for _ in range(steps):
-            batch = engine.draft_batch(rng)
-            snap = engine.snapshot_kv()
-            eager = engine.run_draft_eager(batch)
-            engine.restore_kv(snap)
-            out = engine.run_draft_graph(batch)
-            arm.hidden.append(out["hidden"])
-            arm.tokens.append(out["tokens"])
-            arm.eager_err.append((out["hidden"] - eager["hidden"]).abs().max().item())
-        arm.counters = dict(state.STATE.counters)
-        arm.keys = [[t.key for t in g.tasks] for g in REGISTRY.graphs() if g.role == "draft"]
-    finally:
-        engine.close()
-    return arm
+def run_draft_arm(
+    name: str, steps: int = STEPS, *, tamper: Callable[[], None] | None = None
+) -> OverlayArm:
+    """Capture every size, optionally tamper with the owned graphs, then propose `steps` times
+    (each compared with eager), with the overlay as the test set it."""
+    return overlay_arm(
+        name,
+        None,
+        steps,
+        seed=1234,
+        eager=True,
+        before_steps=(lambda workload: tamper()) if tamper is not None else None,
+    )
 
 
-def assert_bitwise(a: Arm, b: Arm) -> None:
-    for i, (x, y) in enumerate(zip(a.hidden, b.hidden, strict=True)):
-        assert torch.equal(x, y), f"propose call {i}: max diff {(x - y).abs().max().item()}"
-    for x, y in zip(a.tokens, b.tokens, strict=True):
-        assert torch.equal(x, y)
+def draft_keys(arm: OverlayArm) -> list[list[tuple]]:
+    """Task keys per owned draft graph."""
+    return [keys for (role, _), keys in arm.keys.items() if role == "draft"]
 
 
 @pytest.mark.parametrize(
@@ -113,21 +82,36 @@ def assert_bitwise(a: Arm, b: Arm) -> None:
 )
 def test_overlay_equals_stock_equals_eager(name: str, overlay: Callable[[str], None]) -> None:
     sc = DRAFT_SCENARIOS[name]
-    stock = run_arm(sc)
-    assert stock.max_err < TOL  # stock is right here: the reference for bitwise equality
+    stock = run_draft_arm(name)
+    assert stock.max_eager_error < TOL  # stock is right here: the reference for bitwise equality
     overlay("on")
-    ours = run_arm(sc)
+    ours = run_draft_arm(name)
     assert_bitwise(ours, stock)
-    assert ours.max_err < TOL
+    assert ours.max_eager_error < TOL
     k, layers = sc.num_speculative_tokens, len(sc.layers)
     # every draft step of every layer is one task, keyed by (kind, layer, step)
-    assert len(ours.keys) == len(sc.capture_sizes)
-    for keys in ours.keys:
+    assert len(draft_keys(ours)) == len(sc.capture_sizes)
+    for keys in draft_keys(ours):
         assert len(keys) == len(set(keys)) == k * layers
         assert sorted({step for *_, step in keys}) == list(range(k))
     assert ours.counters["updates.owned"] == STEPS
     assert ours.counters["tasks.updated"] == STEPS * k * layers
     assert not any(c.startswith(("fallback", "errors")) for c in ours.counters)
+
+
+def test_draft_engines_in_sequence_each_own_their_graphs(overlay: Callable[[str], None]) -> None:
+    """One process, several draft engines in turn (the A/B worker, the soak): a closed engine's
+    graphs die at close, without waiting for a gc pass, so the next engine's graphs of the same
+    (role, descriptor) are owned. gc stays off so that only reference counting can free them."""
+    overlay("on")
+    gc.disable()
+    try:
+        arms = [run_draft_arm(name, steps=2) for name in ("mtp_k1", "mtp_k2", "mtp_k1")]
+    finally:
+        gc.enable()
+    owned = [arm.counters.get("updates.owned", 0) for arm in arms]
+    assert owned == [2, 4, 6], "counters are cumulative: every arm owned its two updates"
+    assert [len(draft_keys(arm)) for arm in arms] == [2, 2, 2]  # only the live engine's graphs
 
 
 @pytest.mark.parametrize(
@@ -138,7 +122,8 @@ def test_verify_has_no_mismatch_where_stock_is_right(
 ) -> None:
     sc = DRAFT_SCENARIOS[name]
     overlay("verify")
-    arm = run_arm(sc, steps=8)
+    arm = run_draft_arm(name, steps=8)
+    assert arm.run.ok, arm.error
     assert arm.counters["verify.updates"] == 8
     assert arm.counters["verify.tasks"] == 8 * sc.num_speculative_tokens * len(sc.layers)
     assert arm.counters.get("verify.mismatches", 0) == 0
@@ -151,44 +136,75 @@ def test_non_causal_steps_follow_stock(overlay: Callable[[str], None]) -> None:
     graph task keeps the causal split-fuse mask under sparse_mode 0 (applied top-left). The overlay
     reproduces stock on purpose (owning the update must not change what the kernel computes).
     """
-    from ascend_graph_patch.core.providers import FIAProvider
+    from ascend_graph_patch.core.providers import GraphWorkspaceProvider
 
-    sc = DRAFT_SCENARIOS["mtp_non_causal"]
-    stock = run_arm(sc, steps=8)
+    stock = run_draft_arm("mtp_non_causal", steps=8)
     overlay("on")
     seen: list[int] = []
-    original = FIAProvider.bind
+    original = GraphWorkspaceProvider.values
 
-    def spy(self: FIAProvider, metadata, launch, cache):  # noqa: ANN001
-        original(self, metadata, launch, cache)
-        seen.append(launch["sparse_mode"])
+    def spy(self: GraphWorkspaceProvider, metadata, cache):  # noqa: ANN001
+        values = original(self, metadata, cache)
+        seen.append(values["sparse_mode"])
+        return values
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(FIAProvider, "bind", spy)
-        ours = run_arm(sc, steps=8)
+        mp.setattr(GraphWorkspaceProvider, "values", spy)
+        ours = run_draft_arm("mtp_non_causal", steps=8)
     assert_bitwise(ours, stock)
     assert 0 in seen and 3 in seen  # step 0 causal (3), steps 1-2 non-causal (0)
-    assert stock.max_err > 0.1  # the stock graph-vs-eager gap described above
+    assert stock.max_eager_error > 0.1  # the stock graph-vs-eager gap described above
+    assert DRAFT_SCENARIOS["mtp_non_causal"].stock.startswith("wrong: ")  # recorded as such
+
+
+@pytest.mark.parametrize("mode", [None, "on"])
+def test_skipping_the_draft_update_is_stale(
+    mode: str | None, overlay: Callable[[str], None]
+) -> None:
+    """Negative control: the merged draft graph replayed without its update reads the lengths
+    and tables of the last update, and must differ from eager (stock and overlay alike); without
+    even the events recorded, the simulator must report the blocked replay. Either way the next
+    updated proposes are right again."""
+    if mode is not None:
+        overlay(mode)
+    from torch_npu_sim import SimulatorError
+
+    extra, stale = random.Random(7), []
+
+    def without_update(workload: Any, index: int, batch: Any, out: Any) -> None:
+        if index == 1:  # after two updated proposes: events recorded, no update
+            extra_batch = workload.next_batch(extra)
+            eager = workload.run(extra_batch, graph=False).values
+            missed = workload.run_without_update(extra_batch).values
+            stale.append((missed - eager).abs().max().item())
+        if index == 2:  # events not recorded either: the replay never runs (a hang on hardware)
+            with pytest.raises(SimulatorError, match="blocked"):
+                workload.run_without_update(workload.next_batch(extra), record=False)
+            stale.append(-1.0)
+
+    arm = overlay_arm("mtp_2layers_k3", None, 5, seed=1234, eager=True, on_step=without_update)
+    assert arm.run.ok and arm.run.steps == 5, arm.error
+    assert len(stale) == 2 and stale[0] > 1e-2, f"no update, yet equal to eager ({stale})"
+    assert arm.max_eager_error < TOL  # the updated steps around them stay right
 
 
 def test_two_kv_groups_stock_wrong_overlay_right(overlay: Callable[[str], None]) -> None:
-    sc = DRAFT_SCENARIOS["mtp_two_kv_groups"]
-    stock = run_arm(sc, steps=8)
-    assert stock.max_err > 0.5, "stock pairs layer 61 with layer 62's block table by position"
+    stock = run_draft_arm("mtp_two_kv_groups", steps=8)
+    assert stock.max_eager_error > 0.5, "stock pairs layer 61 with layer 62's block table"
+    assert DRAFT_SCENARIOS["mtp_two_kv_groups"].stock.startswith("wrong: ")  # recorded as such
     overlay("on")
-    ours = run_arm(sc, steps=8)
-    assert ours.max_err < TOL
-    pairs = zip(ours.hidden, stock.hidden, strict=True)
-    assert max((a - b).abs().max().item() for a, b in pairs) > 0.5
+    ours = run_draft_arm("mtp_two_kv_groups", steps=8)
+    assert ours.max_eager_error < TOL
+    pairs = zip(ours.outputs, stock.outputs, strict=True)
+    assert max((a.values - b.values).abs().max().item() for a, b in pairs) > 0.5
 
 
 def test_two_kv_groups_verify_flags_stock(overlay: Callable[[str], None]) -> None:
-    sc = DRAFT_SCENARIOS["mtp_two_kv_groups"]
     overlay("verify")
-    arm = run_arm(sc, steps=4)
+    arm = run_draft_arm("mtp_two_kv_groups", steps=4)
     # layers 61 and 62 swap block tables at each of the 3 steps: 6 mismatching tasks per update
     assert arm.counters["verify.mismatches"] == 4 * 6
-    assert arm.max_err > 0.5  # verify applies stock: stock's wrong output
+    assert arm.max_eager_error > 0.5  # verify applies stock: stock's wrong output
 
 
 def _swap(field_name: str, i: int, j: int) -> Callable[[], None]:
@@ -216,14 +232,14 @@ def test_wrong_binding_is_caught(
 ) -> None:
     from ascend_graph_patch import activation
 
-    sc = DRAFT_SCENARIOS["mtp_two_kv_groups_ordered"]  # stock right: 0 mismatches untampered
+    name = "mtp_two_kv_groups_ordered"  # stock right: 0 mismatches untampered
     overlay("verify")
-    checked = run_arm(sc, steps=4, tamper=_swap(field_name, i, j))
+    checked = run_draft_arm(name, steps=4, tamper=_swap(field_name, i, j))
     assert checked.counters["verify.mismatches"] >= 4 * 2  # both swapped tasks, every update
     activation.disable()
     overlay("on")
-    wrong = run_arm(sc, steps=4, tamper=_swap(field_name, i, j))
-    assert wrong.max_err > 1e-2, "the eager comparison must see the wrong binding"
+    wrong = run_draft_arm(name, steps=4, tamper=_swap(field_name, i, j))
+    assert wrong.max_eager_error > 1e-2, "the eager comparison must see the wrong binding"
 
 
 @pytest.mark.parametrize("mode", [None, "on"])
@@ -233,37 +249,27 @@ def test_update_waiting_on_its_own_replay_is_a_deadlock(
     """Broken ordering on purpose: the update stream waits on the stream holding the replay.
 
     The simulator reports it as a deadlock (hardware would hang). Stock raises it into the
-    caller; the overlay contains it (counted, warned once) like any error inside an aspect.
+    caller; so does the overlay (a runtime failure part way through an update cannot go to
+    stock), counting it and warning once.
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.forward_context import get_forward_context
-
     from ascend_graph_patch import state
     from torch_npu_sim.runtime import SimulatorError
 
     if mode is not None:
         overlay(mode)
-    engine = DraftEngine(DRAFT_SCENARIOS["mtp_k2"])
+    engine: Any = scenarios.build("mtp_k2")
     try:
-        batch = engine.draft_batch(random.Random(5))
-        padded = batch.num_tokens_padded
-        engine.capture(padded)
-        with set_current_vllm_config(engine.vllm_config):
-            engine._load(batch, padded)
-            per_step = engine._draft_metadata(batch, padded, True, False)
-            with engine._draft_context(
-                per_step, padded, engine._full, engine._batch_descriptor(padded)
-            ):
-                fc = get_forward_context()
-                engine._call(padded, per_step)  # replay: blocked at the first event
-                engine.update_stream.wait_stream(torch.npu.current_stream())
-                if mode is None:
-                    with pytest.raises(SimulatorError, match="(?i)deadlock"):
-                        engine.proposer._update_full_graph_params(fc, padded, per_step)
-                        torch.npu.synchronize()
-                else:
-                    engine.proposer._update_full_graph_params(fc, padded, per_step)
-                    assert state.STATE.counters["errors.replay.update.apply"] == 1
-                    assert "error:replay.update.apply:SimulatorError" in state.STATE.warned
+        engine.capture()
+        batch = engine.next_batch(random.Random(5))
+        with engine.open_step(batch) as step:
+            fc, padded, per_step = step.forward_context, step.num_tokens, step.draft_metadatas
+            engine.replay(step)  # blocked at the first event
+            engine.update_stream.wait_stream(torch.npu.current_stream())
+            with pytest.raises(SimulatorError, match="(?i)deadlock"):
+                engine.proposer._update_full_graph_params(fc, padded, per_step)
+                torch.npu.synchronize()
+            if mode is not None:  # a runtime failure part way: raised, as stock raises it
+                assert state.STATE.counters["faults.apply"] == 1
+                assert "fault:apply:SimulatorError" in state.STATE.warned
     finally:
         engine.close()

@@ -1,9 +1,9 @@
 """The REAL vllm-ascend 0.23.0.post1 capture -> replay -> stock update path, run on the simulator.
 
-Every test drives ``torch_npu_sim.harness.target.SimEngine``: real ``AscendAttentionBackendImpl``
-layers inside a real ``ACLGraphWrapper``, metadata from the real builder, the stock
-``update_full_graph_params`` after each replay. The reference is the same real code run eagerly
-(runtime mode NONE, unpadded, as the eager runner runs it).
+Every test drives ``torch_npu_sim.harness.target.TargetEngine`` (mostly through ``run_arm``):
+real ``AscendAttentionBackendImpl`` layers inside a real ``ACLGraphWrapper``, metadata from the
+real builder, the stock ``update_full_graph_params`` after each replay. The reference is the
+same real code run eagerly (runtime mode NONE, unpadded, as the eager runner runs it).
 
 Tolerance: fp32 throughout; replay must equal eager within ``ATOL`` = 1e-5 absolute (observed
 <= 1.2e-6: the two runs differ in padding, hence in matmul blocking, and for ``paged_attention`` in
@@ -16,10 +16,16 @@ recorded, so the evidence stays current.
 
 from __future__ import annotations
 
+import random
 import re
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
+
+from torch_npu_sim.harness import scenarios
+from torch_npu_sim.workload import StepHook, StepOutput, Workload, bitwise_equal, run_arm
 
 ATOL = 1e-5
 STEPS = 40
@@ -48,43 +54,66 @@ def _graph_params():
     return acl_graph.get_graph_params()
 
 
-def _run_steps(engine, rng, steps: int) -> tuple[float, set[int], set[int]]:
-    """Eager vs replay for ``steps`` decode steps; returns max error, padded sizes, batch sizes."""
-    worst, padded, sizes = 0.0, set(), set()
-    for _ in range(steps):
-        batch = engine.random_batch(rng)
-        eager = engine.run_eager(batch)
-        graph = engine.run_graph(batch)
-        assert graph.shape == eager.shape == (batch.num_reqs, eager.shape[1])
-        assert torch.isfinite(graph).all()
-        worst = max(worst, (graph - eager).abs().max().item())
-        padded.add(batch.num_tokens_padded)
-        sizes.add(batch.num_reqs)
-    return worst, padded, sizes
+@dataclass
+class Seen:
+    """What an arm's batches and the simulator runtime went through during the steps."""
+
+    padded: set[int] = field(default_factory=set)  # graph sizes replayed
+    sizes: set[int] = field(default_factory=set)  # real batch sizes
+    stats: dict[str, int] = field(default_factory=dict)  # runtime counters over the steps
+
+
+def _arm(name: str, seed: int, steps: int, on_step: StepHook | None = None) -> tuple[Any, Seen]:
+    """A stock arm, eager vs replay each step; it must run every step."""
+    seen, before = Seen(), {}
+
+    def start(workload: Workload) -> None:
+        before.update(_stats())
+
+    def step(workload: Workload, index: int, batch: Any, out: StepOutput) -> None:
+        assert out.values is not None and out.values.shape[0] == batch.num_reqs
+        assert torch.isfinite(out.values).all()
+        seen.padded.add(batch.num_tokens_padded)
+        seen.sizes.add(batch.num_reqs)
+        if on_step is not None:
+            on_step(workload, index, batch, out)
+
+    def end(workload: Workload) -> None:
+        after = _stats()
+        seen.stats = {k: v - before.get(k, 0) for k, v in after.items()}
+
+    result = run_arm(
+        lambda: scenarios.build(name),
+        steps,
+        seed,
+        before_steps=start,
+        on_step=step,
+        after_steps=end,
+    )
+    assert result.ok and result.steps == steps, result.traceback
+    return result, seen
 
 
 @pytest.mark.parametrize("name", CORRECT)
-def test_replay_matches_eager(engine_factory, rng, name):
-    engine = engine_factory(name)
-    before = _stats()
-    worst, padded, sizes = _run_steps(engine, rng, STEPS)
-    after = _stats()
+def test_replay_matches_eager(seed, name):
+    result, seen = _arm(name, seed, STEPS)
+    worst = result.max_eager_error
 
     assert worst <= ATOL, f"{name}: replay differs from eager by {worst:.3g}"
     # The workload really changed shape and really went through graphs and the stock update.
-    assert len(padded) >= 2 and len(sizes) >= 8
-    n_attn = sum(spec.kind == "attention" for spec in engine.scenario.layers)
-    assert after["replays"] - before["replays"] == STEPS
-    assert after["updates"] - before["updates"] == STEPS * n_attn
-    assert after["records"] - before["records"] == STEPS * n_attn
+    assert len(seen.padded) >= 2 and len(seen.sizes) >= 8
+    n_attn = sum(spec.kind == "attention" for spec in scenarios.SCENARIOS[name].layers)
+    assert seen.stats["replays"] == STEPS
+    assert seen.stats["updates"] == STEPS * n_attn
+    assert seen.stats["records"] == STEPS * n_attn
 
 
-def test_metadata_is_padded_like_the_runner(engine_factory, rng):
-    engine = engine_factory("dense_gqa")
+def test_metadata_is_padded_like_the_runner(build, rng):
+    engine = build("dense_gqa")
     batch = next(
-        b for b in iter(lambda: engine.random_batch(rng), None) if b.num_reqs < b.num_tokens_padded
+        b for b in iter(lambda: engine.next_batch(rng), None) if b.num_reqs < b.num_tokens_padded
     )
-    engine.run_graph(batch)
+    engine.run(batch)
     md = engine.last_metadata[engine.scenario.layers[0].name]
     n, padded = batch.num_reqs, batch.num_tokens_padded
     # FULL_DECODE_ONLY: one-token dummy requests with kv length 0 up to the capture size; the
@@ -96,13 +125,12 @@ def test_metadata_is_padded_like_the_runner(engine_factory, rng):
     assert (md.slot_mapping[n:padded] == -1).all()
 
 
-def test_capture_records_the_expected_task_kinds(engine_factory, rng):
+def test_capture_records_the_expected_task_kinds(build):
     """Each scenario reaches the branch it is named after (tuple layouts of hook_points.md)."""
     sizes, params = {}, {}
     for name in ("dense_gqa", "sliding_window", "sinks", "paged_attention", "gemma4_mixed"):
-        engine = engine_factory(name)
-        for size in engine.scenario.capture_sizes:
-            engine.capture(size)
+        engine = build(name)
+        engine.capture()
         params[name] = {s: list(p) for s, p in _graph_params().attn_params.items()}
         sizes[name] = {s: [len(t) for t in p] for s, p in params[name].items()}
     assert sizes["dense_gqa"][8] == [22] * 4  # FIA
@@ -121,51 +149,54 @@ def test_capture_records_the_expected_task_kinds(engine_factory, rng):
 
 
 @pytest.mark.parametrize("name", ["dense_gqa", "sliding_window", "sinks", "paged_attention"])
-def test_skipping_update_is_stale(engine_factory, rng, name):
+def test_skipping_update_is_stale(seed, name):
     """Negative control: replay with every event recorded but no update reads captured lengths."""
-    engine = engine_factory(name)
-    _run_steps(engine, rng, 3)
-    stale = 0.0
-    for _ in range(3):
-        batch = engine.random_batch(rng)
-        eager = engine.run_eager(batch)
-        stale = max(stale, (engine.run_graph_without_update(batch) - eager).abs().max().item())
-    assert stale > STALE, f"{name}: output without the update equals eager ({stale:.3g})"
-    # And the graph recovers at the next properly updated step.
-    worst, _, _ = _run_steps(engine, rng, 2)
-    assert worst <= ATOL
+    extra, stale = random.Random(seed + 1), []
+
+    def without_update(workload: Any, index: int, batch: Any, out: StepOutput) -> None:
+        if index in (2, 3, 4):  # after three updated steps: three extra steps without the update
+            extra_batch = workload.next_batch(extra)
+            eager = workload.run(extra_batch, graph=False).values
+            missed = workload.run_without_update(extra_batch).values
+            stale.append((missed - eager).abs().max().item())
+
+    result, _ = _arm(name, seed, 7, on_step=without_update)
+    assert len(stale) == 3 and max(stale) > STALE, (
+        f"{name}: output without the update equals eager ({max(stale):.3g})"
+    )
+    # And the graph recovers at the next properly updated step (every step is within ATOL).
+    assert result.max_eager_error <= ATOL
 
 
-def test_unrecorded_event_raises_at_sync(engine_factory, rng):
+def test_unrecorded_event_raises_at_sync(seed):
     from torch_npu_sim import SimulatorError
 
-    engine = engine_factory("dense_gqa")
-    _run_steps(engine, rng, 2)
-    with pytest.raises(SimulatorError, match="blocked"):
-        engine.run_graph_without_update(engine.random_batch(rng), record=False)
-    # No hang and no poisoned state: the next step replays and updates correctly.
-    worst, _, _ = _run_steps(engine, rng, 2)
-    assert worst <= ATOL
+    extra, raised = random.Random(seed + 1), []
+
+    def blocked(workload: Any, index: int, batch: Any, out: StepOutput) -> None:
+        if index == 1:  # after two updated steps
+            with pytest.raises(SimulatorError, match="blocked"):
+                workload.run_without_update(workload.next_batch(extra), record=False)
+            raised.append(index)
+
+    result, _ = _arm("dense_gqa", seed, 4, on_step=blocked)
+    assert raised == [1]
+    # No hang and no poisoned state: the next steps replay and update correctly.
+    assert max(result.eager_max_abs[2:]) <= ATOL
 
 
-def test_update_then_replay_order(engine_factory, rng):
+def test_update_then_replay_order(seed):
     """ENPU / 310P order: update (records every event) before the replay queues its waits."""
-    engine = engine_factory("dense_enpu")
-    worst, _, _ = _run_steps(engine, rng, 20)
-    assert worst <= ATOL
+    result, _ = _arm("dense_enpu", seed, 20)
+    assert result.max_eager_error <= ATOL
 
 
-def test_engines_are_deterministic_and_rebuildable(engine_factory):
+def test_engines_are_deterministic_and_rebuildable():
     """Weights and workload follow the seed; a second engine in the process starts clean."""
-    import random
-
-    outs = []
-    for _ in range(2):
-        engine = engine_factory("sliding_window")
-        rng = random.Random(7)
-        outs.append([engine.run_graph(engine.random_batch(rng)) for _ in range(4)])
-    for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
+    arms = [run_arm(lambda: scenarios.build("sliding_window"), 4, 7, eager=False) for _ in range(2)]
+    assert all(arm.ok and arm.steps == 4 for arm in arms)
+    equal, why = bitwise_equal(*arms)
+    assert equal, why
 
 
 def _expected_failure(stock: str) -> tuple[type[BaseException], str]:
@@ -177,21 +208,21 @@ def _expected_failure(stock: str) -> tuple[type[BaseException], str]:
 
 
 @pytest.mark.parametrize("name", ["gemma4_mixed", "hybrid_linear"])
-def test_stock_update_fails_on(engine_factory, rng, name):
+def test_stock_update_fails_on(build, rng, name):
     """Evidence, not a skip: the stock update crashes exactly as the scenario records.
 
     gemma4_mixed: the head-512 PA tuples are unpacked as 22-field FIA tuples (the update picks
     its branch without head_size). hybrid_linear: positional pairing hands an attention task
     the linear-attention layer's metadata.
     """
-    engine = engine_factory(name)
-    assert engine.scenario.stock.startswith("crash: ")
-    exc_type, message = _expected_failure(engine.scenario.stock)
-    batch = engine.random_batch(rng)
-    eager = engine.run_eager(batch)  # the same real layers run fine without graphs
-    assert torch.isfinite(eager).all()
+    engine = build(name)
+    assert engine.stock.startswith("crash: ")
+    exc_type, message = _expected_failure(engine.stock)
+    batch = engine.next_batch(rng)
+    eager = engine.run(batch, graph=False)  # the same real layers run fine without graphs
+    assert torch.isfinite(eager.values).all()
     with pytest.raises(exc_type, match=re.escape(message)):
-        engine.run_graph(batch)
+        engine.run(batch)
 
 
 def test_simulator_and_harnesses_do_not_import_the_overlay():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,11 +35,13 @@ def test_install_is_idempotent_and_torch_npu_is_shared() -> None:
     assert mod._C._weak_ref_tensor(t).data_ptr() == t.data_ptr()
 
 
-def test_reference_ops_are_launchable_and_host_functions_are_not() -> None:
+def test_reference_ops_are_launchable_and_host_functions_are_not(atb_lazy: Any) -> None:
     mod = sim.install()
     fia = mod.npu_fused_infer_attention_score
     assert isinstance(fia, SimOp) and isinstance(fia.out, SimOp)
     assert fia.out.name == "npu_fused_infer_attention_score.out"
+    assert not isinstance(mod._npu_paged_attention, SimOp)  # ATB: lazy until registered
+    atb_lazy._register_atb_extensions()
     assert isinstance(mod._npu_paged_attention, SimOp)
     try:
         from torch_npu_sim import ops

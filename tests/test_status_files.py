@@ -124,3 +124,58 @@ def test_cli_status_from_a_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli.main(["status", "--from", str(tmp_path)]) == 0
     assert "per_process.1.rank: 1" in " ".join(capsys.readouterr().out.split())
     assert cli.main(["status", "--from", str(tmp_path / "empty")]) == 1
+
+
+def test_status_says_when_the_overlay_may_not_load_at_all() -> None:
+    from ascend_graph_patch import status
+
+    on = {"ASCEND_GRAPH_PATCH": "on"}
+    assert not any("VLLM_PLUGINS" in w for w in status.loader_warnings(on))
+    restrictive = status.loader_warnings({**on, "VLLM_PLUGINS": "ascend"})
+    assert any("leaves out ascend_graph_patch" in w for w in restrictive)
+    allowed = {**on, "VLLM_PLUGINS": "ascend,ascend_graph_patch"}
+    assert not any("VLLM_PLUGINS" in w for w in status.loader_warnings(allowed))
+    assert status.loader_warnings({"VLLM_PLUGINS": "ascend"}) == []  # off: nothing to load
+
+
+FAKE_RUNNER = """
+import time
+
+def update_full_graph_params(*args):
+    time.sleep(0.002)
+"""
+
+
+def test_with_the_toggle_off_a_status_directory_still_measures_update_time(tmp_path: Path) -> None:
+    """The stock arm of an A/B is measured as the patched one is: same wrapper, every process."""
+    package = tmp_path / "fake" / "vllm_ascend"
+    (package / "worker").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "worker" / "__init__.py").write_text("")
+    (package / "worker" / "model_runner_v1.py").write_text(FAKE_RUNNER)
+    code = (
+        "import sys; from vllm_ascend.worker import model_runner_v1 as m\n"
+        "for _ in range(3): m.update_full_graph_params()\n"
+        "print('overlay' if 'ascend_graph_patch.installer' in sys.modules else 'stock')"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
+    clean.update(
+        ASCEND_GRAPH_PATCH="off",
+        ASCEND_GRAPH_PATCH_STATUS_DIR=str(tmp_path / "st"),
+        PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "stock"  # nothing of the overlay was installed
+    (snap,) = status_files.read_dir(tmp_path / "st")
+    assert snap["mode"] == "off" and snap["update_calls"] == 3
+    assert all(ns >= 2_000_000 for ns in snap["update_ns"])
+    assert snap["timed_targets"] == ["vllm_ascend.worker.model_runner_v1:update_full_graph_params"]
+    assert status_files.merge([snap, snap])["update_ns"] == snap["update_ns"] * 2

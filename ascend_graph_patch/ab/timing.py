@@ -26,8 +26,9 @@ VLLM_TARGETS: tuple[str, ...] = (
 class UpdateTimer:
     """Collects one sample (ns of host time) per timed update call."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_sample: Any = None) -> None:
         self.samples: list[int] = []
+        self.on_sample = on_sample  # called after each sample (e.g. a throttled file writer)
         self.device_ns = 0
         self.installed: list[str] = []
         self._depth = 0
@@ -47,6 +48,8 @@ class UpdateTimer:
             elapsed = time.perf_counter_ns() - t0 - (self.device_ns - device0)
             self._depth -= 1
             self.samples.append(max(elapsed, 0))
+            if self.on_sample is not None:
+                self.on_sample()
 
     def _device(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         if self._device_depth or not self._depth:

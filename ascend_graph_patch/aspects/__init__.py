@@ -1,90 +1,148 @@
-"""The aspect registry: every wrapper the overlay installs, one entry each, as data.
+"""The aspect table: every wrapper the overlay installs, one entry each, as data.
 
-Each entry says what it wraps (module + qualname; a class attribute wherever possible, because
-five vllm-ascend modules import `update_full_graph_params` by name), its group (installed only
-when all the group's modules have loaded and the gate passed), the modes that need it, and why it
-exists. Like vllm-ascend's own patch registry: what, why, how, and when it can go (when upstream's
-UpdatableGraph lands for the line).
+Each entry names its seam by key (the release line says where that is), its group (installed only
+when all the group's modules have loaded and the gate passed), the modes that need it, why it
+exists, and when it can go: like vllm-ascend's own patch registry, what, why, how, and until
+when. Every one of them goes once upstream's UpdatableGraph (RFC 13058) lands for the line; some
+can go sooner, and say so.
 """
 
 from __future__ import annotations
 
-from ascend_graph_patch.aspects.spec import (
-    ACL,
-    ALL_MODES,
-    ATTN,
-    OBSERVE,
-    ON,
-    VERIFY,
-    Aspect,
-)
-from ascend_graph_patch.aspects.v2_registry import V2_ASPECTS
+from dataclasses import dataclass
 
-V1_ASPECTS: tuple[Aspect, ...] = (
+from ascend_graph_patch.lines.base import Line
+
+ON, OBSERVE, VERIFY = "on", "observe", "verify"
+ALL_MODES = frozenset({ON, OBSERVE, VERIFY})
+UPSTREAM = "upstream's UpdatableGraph (RFC 13058: graphs own their tasks) lands for the line"
+
+
+@dataclass(frozen=True)
+class Aspect:
+    name: str
+    group: str
+    seam: str  # key into the line's seams
+    wrapper: str  # "ascend_graph_patch.aspects.<module>:<function>"
+    why: str
+    removable_when: str = UPSTREAM
+    modes: frozenset[str] = ALL_MODES
+
+
+_A = "ascend_graph_patch.aspects"
+
+ASPECTS: tuple[Aspect, ...] = (
+    # --- model runner v1 (target graphs and merged MTP / Eagle draft graphs) ---
     Aspect(
         "capture.v1",
         "v1",
-        ACL,
-        "ACLGraphWrapper.__call__",
-        "ascend_graph_patch.aspects.capture:acl_graph_call",
+        "acl_graph.call",
+        f"{_A}.capture:acl_graph_call",
         "know which FULL graph (role, batch descriptor) is being captured; own it afterwards",
     ),
     Aspect(
         "attention.layer",
         "v1",
-        ATTN,
-        "AscendAttentionBackendImpl.forward",
-        "ascend_graph_patch.aspects.attention:layer_forward",
+        "attention.forward",
+        f"{_A}.attention:layer_forward",
         "layer name and metadata key (KV sharing) of the op about to be captured",
+        "the backend passes the layer name to the task-group capture (upstream PR 15908 did)",
     ),
     Aspect(
         "attention.layer_c8",
         "v1",
-        ATTN,
-        "AscendC8AttentionBackendImpl.forward",
-        "ascend_graph_patch.aspects.attention:layer_forward",
+        "attention.forward_c8",
+        f"{_A}.attention:layer_forward",
         "same for the INT8-KV impl, which overrides forward",
+        "the backend passes the layer name to the task-group capture (upstream PR 15908 did)",
     ),
     Aspect(
         "attention.fia",
         "v1",
-        ATTN,
-        "AscendAttentionBackendImpl.full_graph_fia",
-        "ascend_graph_patch.aspects.attention:fia_task",
+        "attention.full_graph_fia",
+        f"{_A}.attention:fia_task",
         "register the FIA task group the stock capture just created",
     ),
     Aspect(
         "attention.fia_v2",
         "v1",
-        ATTN,
-        "AscendAttentionBackendImpl.full_graph_fia_v2",
-        "ascend_graph_patch.aspects.attention:fia_v2_task",
+        "attention.full_graph_fia_v2",
+        f"{_A}.attention:fia_v2_task",
         "register the FIA-v2 (sinks) task group the stock capture just created",
     ),
     Aspect(
         "attention.pa",
         "v1",
-        ATTN,
-        "AscendAttentionBackendImpl.full_graph_pa",
-        "ascend_graph_patch.aspects.attention:pa_task",
+        "attention.full_graph_pa",
+        f"{_A}.attention:pa_task",
         "register the PA task group the stock capture just created",
     ),
     Aspect(
         "replay.update",
         "v1",
-        ATTN,
-        "AscendAttentionBackendImpl.update_graph_params",
-        "ascend_graph_patch.aspects.replay:update_graph_params",
+        "attention.update_graph_params",
+        f"{_A}.replay:update_graph_params",
         "update owned graphs from their own tasks; everything else goes to stock",
+    ),
+    # --- model runner v2 (VLLM_USE_V2_MODEL_RUNNER); attention and update seams are v1's ---
+    Aspect(
+        "capture.v2.graph",
+        "v2",
+        "v2.graph_context",
+        f"{_A}.capture_v2:graph_context",
+        "one capture scope per FULL graph (args[0]); must be wrapped before torch_cuda_wrapper "
+        "copies it into torch.cuda.graph at runner init",
+    ),
+    Aspect(
+        "capture.v2.model",
+        "v2",
+        "v2.model.capture",
+        f"{_A}.capture_v2:manager_capture",
+        "target capture session; graphs keyed by BatchExecutionDescriptor (manager.graphs)",
+    ),
+    Aspect(
+        "replay.v2.model",
+        "v2",
+        "v2.model.run_fullgraph",
+        f"{_A}.capture_v2:run_fullgraph",
+        "v2 updates run with batch_descriptor=None: name (role, desc) for the update seam",
+        "the v2 update passes the replayed descriptor to update_full_graph_params",
+    ),
+    Aspect(
+        "capture.v2.draft_prefill",
+        "v2",
+        "v2.prefill.capture",
+        f"{_A}.capture_v2:manager_capture",
+        "draft prefill capture session",
+    ),
+    Aspect(
+        "replay.v2.draft_prefill",
+        "v2",
+        "v2.prefill.run_fullgraph",
+        f"{_A}.capture_v2:run_fullgraph",
+        "name (draft_prefill, desc) for the update seam",
+        "the v2 update passes the replayed descriptor to update_full_graph_params",
+    ),
+    Aspect(
+        "capture.v2.draft_decode",
+        "v2",
+        "v2.decode.capture",
+        f"{_A}.capture_v2:decode_capture",
+        "upstream draft decode graphs: left to stock, refused per graph with the reason",
+        "vllm-ascend replaces upstream's draft decode graph manager with one that updates",
     ),
 )
 
-ASPECTS: tuple[Aspect, ...] = V1_ASPECTS + V2_ASPECTS
 
-GROUPS: dict[str, tuple[str, ...]] = {}
-for _aspect in ASPECTS:
-    mods = GROUPS.setdefault(_aspect.group, ())
-    if _aspect.module not in mods:
-        GROUPS[_aspect.group] = (*mods, _aspect.module)
+def groups(line: Line) -> dict[str, tuple[str, ...]]:
+    """Aspect group -> the modules (from ``line``'s seams) that must load before it installs."""
+    out: dict[str, tuple[str, ...]] = {}
+    for aspect in ASPECTS:
+        module = line.seams[aspect.seam].module
+        mods = out.setdefault(aspect.group, ())
+        if module not in mods:
+            out[aspect.group] = (*mods, module)
+    return out
 
-__all__ = ["ACL", "ALL_MODES", "ASPECTS", "ATTN", "GROUPS", "OBSERVE", "ON", "VERIFY", "Aspect"]
+
+__all__ = ["ALL_MODES", "ASPECTS", "OBSERVE", "ON", "UPSTREAM", "VERIFY", "Aspect", "groups"]

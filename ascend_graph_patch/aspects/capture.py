@@ -8,76 +8,62 @@ only if every task group the stock capture appended to `GraphParams` was registe
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import vllm.envs as vllm_envs
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
-from vllm_ascend.compilation import acl_graph
 
 from ascend_graph_patch import state
-from ascend_graph_patch.aspects import context
+from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.guard import aspect_error
-from ascend_graph_patch.core.graph import DRAFT, DRAFT_PREFILL, TARGET, OwnedGraph
+from ascend_graph_patch.core.graph import OwnedGraph
+from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
 ASPECT = "capture.v1"
 
 
-_v2_cache: list[Any] = [object(), False]  # (raw environment value, parsed value)
-
-
-def _v2_runner() -> bool:
-    """`vllm.envs.VLLM_USE_V2_MODEL_RUNNER`, re-parsed only when the raw variable changes."""
-    raw = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if raw != _v2_cache[0]:
-        _v2_cache[:] = [raw, bool(vllm_envs.VLLM_USE_V2_MODEL_RUNNER)]
-    return _v2_cache[1]
+_MISSING = object()
 
 
 def current_role(forward_context: Any = None) -> str:
-    """Target / draft / draft prefill, read where vllm-ascend's `_EXTRA_CTX` proxy reads it.
+    """Target / draft / draft prefill, read where vllm-ascend's ``_EXTRA_CTX`` proxy reads it.
 
-    The proxy checks the runner version on every attribute; reading it once here keeps the replay
-    path's cost down while returning exactly what `_EXTRA_CTX.is_draft_model(_prefill)` would.
+    The proxy reads the flags from forward-context attributes with model runner v1 and from
+    ``additional_kwargs`` with v2 (deciding by the environment on every access); v1 always sets
+    the attributes and v2 never does, so their presence decides here, at no cost.
     """
     fc = forward_context if forward_context is not None else get_forward_context()
-    if _v2_runner():
+    draft = getattr(fc, "is_draft_model", _MISSING)
+    if draft is _MISSING:  # model runner v2
         extra = fc.additional_kwargs
         draft, prefill = extra.get("is_draft_model"), extra.get("is_draft_model_prefill")
     else:
-        draft = getattr(fc, "is_draft_model", None)
         prefill = getattr(fc, "is_draft_model_prefill", None)
     if draft:
         return DRAFT_PREFILL if prefill else DRAFT
     return TARGET
 
 
-def graph_buckets() -> tuple[Any, ...]:
-    return (
-        acl_graph.get_graph_params(),
-        acl_graph.get_draft_graph_params(),
-        acl_graph.get_draft_graph_prefill_params(),
-    )
-
-
-def open_scope(owner: Any, role: str, descriptor: Any) -> context.CaptureScope:
-    buckets = graph_buckets()
-    return context.CaptureScope(
+def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
+    assert shared.ACTIVE is not None
+    graph_params = shared.stock_graph_params(shared.ACTIVE.line)
+    # v1 wrappers built for ENPU / 310P update before they replay; everything else replays first
+    replay_first = not getattr(owner, "enable_enpu", False)
+    return shared.CaptureScope(
         owner=owner,
-        graph=OwnedGraph(role=role, descriptor=descriptor),
-        buckets=buckets,
-        handles_before=context.total_handles(buckets),
+        graph=OwnedGraph(role=role, descriptor=descriptor, replay_first=replay_first),
+        graph_params=graph_params,
+        handles_before=shared.total_handles(graph_params),
     )
 
 
-def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
+def close_scope(scope: shared.CaptureScope, graph: Any, aspect: str) -> None:
     """Own `graph` if the scope registered every task group its capture created."""
     owned = scope.graph
     if graph is None:
         return
-    grown = context.total_handles(scope.buckets) - scope.handles_before
+    grown = shared.total_handles(scope.graph_params) - scope.handles_before
     reason = scope.failure
     if reason is None and grown != len(owned.tasks):
         reason = (
@@ -93,8 +79,12 @@ def close_scope(scope: context.CaptureScope, graph: Any, aspect: str) -> None:
     state.mark_effective(aspect)
 
 
-def _begin(instance: Any) -> context.CaptureScope | None:
-    if context.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
+_CAPTURE, _REPLAY = "capture", "replay"
+
+
+def _classify(instance: Any) -> tuple[str, Any, Any] | None:
+    """("capture" | "replay", forward context, descriptor) of a FULL call; None otherwise."""
+    if shared.ACTIVE is None or instance.runtime_mode != CUDAGraphMode.FULL:
         return None
     forward_context = get_forward_context()
     if forward_context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
@@ -102,25 +92,39 @@ def _begin(instance: Any) -> context.CaptureScope | None:
     descriptor = forward_context.batch_descriptor
     entry = instance.concrete_aclgraph_entries.get(descriptor)
     if entry is not None and entry.aclgraph is not None:
-        return None  # a replay
-    return open_scope(instance, current_role(forward_context), descriptor)
+        return _REPLAY, forward_context, descriptor
+    return _CAPTURE, forward_context, descriptor
 
 
 def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
-        scope = _begin(instance)
+        call = _classify(instance)
     except Exception as exc:
         aspect_error(ASPECT, exc)
-        scope = None
-    if scope is None:
+        call = None
+    if call is None:
         return wrapped(*args, **kwargs)
-    token = context.CURRENT_SCOPE.set(scope)
+    what, forward_context, descriptor = call
+    if what == _REPLAY:
+        output = wrapped(*args, **kwargs)
+        try:  # the update that follows is this wrapper's graph's (unless it updates first)
+            if not getattr(instance, "enable_enpu", False):
+                shared.note_replay(current_role(forward_context), instance, descriptor)
+        except Exception as exc:
+            aspect_error(ASPECT, exc)
+        return output
+    try:
+        scope = open_scope(instance, current_role(forward_context), descriptor)
+    except Exception as exc:
+        aspect_error(ASPECT, exc)
+        return wrapped(*args, **kwargs)
+    token = shared.CURRENT_SCOPE.set(scope)
     try:
         output = wrapped(*args, **kwargs)
     finally:
-        context.CURRENT_SCOPE.reset(token)
+        shared.CURRENT_SCOPE.reset(token)
     try:
-        entry = instance.concrete_aclgraph_entries.get(scope.graph.descriptor)
+        entry = instance.concrete_aclgraph_entries.get(descriptor)
         close_scope(scope, getattr(entry, "aclgraph", None), ASPECT)
     except Exception as exc:
         aspect_error(ASPECT, exc)

@@ -14,7 +14,7 @@ is, because the post-import hook fires when the v2 modules load). Three seams, t
 - after the manager's capture returns, `manager.graphs` is inverted (graph -> descriptor) and each
   scope is closed with its descriptor: owned, or refused with the reason.
 
-Replay: the managers' `run_fullgraph` sets `context.CURRENT_REPLAY = (role, desc)` around the
+Replay: the managers' `run_fullgraph` sets `shared.CURRENT_REPLAY = (role, desc)` around the
 stock body, because v2 updates run with `batch_descriptor=None`; the replay aspect then finds the
 graph by (role, desc). Draft decode graphs (upstream's `DecodeSpeculatorCudaGraphManager`, which
 the 0.23 line does not replace) are refused per graph: the stock path never updates them either.
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_graph_patch import state
-from ascend_graph_patch.aspects import context
+from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import close_scope, open_scope
 from ascend_graph_patch.aspects.guard import aspect_error
-from ascend_graph_patch.core.graph import DRAFT, DRAFT_PREFILL, TARGET
+from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
 ASPECT = "capture.v2"
@@ -51,7 +51,7 @@ class Session:
 
     owner: Any
     role: str
-    pending: dict[int, tuple[Any, context.CaptureScope]] = field(default_factory=dict)
+    pending: dict[int, tuple[Any, shared.CaptureScope]] = field(default_factory=dict)
 
 
 SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
@@ -81,8 +81,7 @@ def _finish(session: Session, before: set[Any]) -> None:
         scope.graph.descriptor = desc
         # close_scope counts the task groups created since `handles_before`; later graphs of
         # this session have added theirs since: rebase on what this graph's capture created.
-        grown = scope.extra.pop("v2_grown", 0)
-        scope.handles_before = context.total_handles(scope.buckets) - grown
+        scope.handles_before = shared.total_handles(scope.graph_params) - scope.grown
         if session.role == DRAFT:
             scope.fail(DECODE)
         close_scope(scope, graph, ASPECT)
@@ -91,7 +90,7 @@ def _finish(session: Session, before: set[Any]) -> None:
 def manager_capture(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """`ModelAclGraphManager.capture` / `PrefillEagleAclGraphManager.capture`."""
     session = None
-    if context.ACTIVE is not None:
+    if shared.ACTIVE is not None:
         try:
             session = Session(owner=instance, role=manager_role(instance))
             before = set(instance.graphs)
@@ -123,7 +122,7 @@ def decode_capture(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         result = wrapped(*args, **kwargs)
     finally:
         SESSION.reset(token)
-    if context.ACTIVE is not None and before is not None:
+    if shared.ACTIVE is not None and before is not None:
         try:
             for desc in instance.graphs:
                 if desc not in before:
@@ -141,7 +140,7 @@ class _OwnedCapture:
         self.inner = inner
         self.session = session
         self.graph = graph
-        self.scope: context.CaptureScope | None = None
+        self.scope: shared.CaptureScope | None = None
         self.token: Any = None
 
     def __enter__(self) -> Any:
@@ -152,12 +151,12 @@ class _OwnedCapture:
             self.scope = None
         result = self.inner.__enter__()
         if self.scope is not None:
-            self.token = context.CURRENT_SCOPE.set(self.scope)
+            self.token = shared.CURRENT_SCOPE.set(self.scope)
         return result
 
     def __exit__(self, *exc: Any) -> Any:
         if self.token is not None:
-            context.CURRENT_SCOPE.reset(self.token)
+            shared.CURRENT_SCOPE.reset(self.token)
             self.token = None
         try:
             return self.inner.__exit__(*exc)
@@ -165,9 +164,7 @@ class _OwnedCapture:
             if self.scope is not None and exc[0] is None:
                 try:
                     scope = self.scope
-                    scope.extra["v2_grown"] = context.total_handles(scope.buckets) - (
-                        scope.handles_before
-                    )
+                    scope.grown = shared.total_handles(scope.graph_params) - scope.handles_before
                     self.session.pending[id(self.graph)] = (self.graph, scope)
                 except Exception as error:  # the graph is then simply not owned
                     aspect_error(ASPECT, error)
@@ -177,22 +174,22 @@ def graph_context(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     """`torch_npu_graph_wrapper(graph, pool)`: a scope per graph inside a manager session."""
     session = SESSION.get()
     inner = wrapped(*args, **kwargs)
-    if session is None or context.ACTIVE is None or not args:
+    if session is None or shared.ACTIVE is None or not args:
         return inner
     return _OwnedCapture(inner, session, args[0])
 
 
 def run_fullgraph(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Both managers' `run_fullgraph(desc)`: name the replayed graph for the update seam."""
-    if context.ACTIVE is None:
+    if shared.ACTIVE is None:
         return wrapped(*args, **kwargs)
     try:
         desc = args[0] if args else kwargs["desc"]
-        token = context.CURRENT_REPLAY.set((manager_role(instance), desc))
+        token = shared.CURRENT_REPLAY.set((manager_role(instance), desc, instance))
     except Exception as exc:
         aspect_error(ASPECT, exc)
         return wrapped(*args, **kwargs)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        context.CURRENT_REPLAY.reset(token)
+        shared.CURRENT_REPLAY.reset(token)

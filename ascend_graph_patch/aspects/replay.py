@@ -1,36 +1,64 @@
-"""Replay aspect: `AscendAttentionBackendImpl.update_graph_params`, the one stock update seam.
+"""Replay aspect: ``AscendAttentionBackendImpl.update_graph_params``, the one stock update seam.
 
-Every v1/v2 target and draft update reaches this staticmethod through `update_full_graph_params`.
-For a graph the overlay owns, its own tasks are resolved (all of them, before any runtime call) and
-applied; the stock body is not run. Any other graph, and any step whose resolution fails, goes to
-stock. Never both for one graph in one step.
+Every v1/v2 target and draft update reaches this staticmethod through ``update_full_graph_params``.
+For a graph the overlay owns, its own tasks are resolved (all of them, before any update-scope
+runtime call) and applied; the stock body is not run. Any other graph goes to stock. Never both
+for one graph in one step.
+
+Under a fault the step is never worse than stock (``docs/design.md``, "Faults"):
+
+- the overlay could not resolve a task (a bug of ours): stock, reading the same intact metadata,
+  updates that step;
+- the step's metadata cannot be read the way stock reads it, or a runtime call fails: the step
+  raises that error into the engine, as stock would, after recording the events a launched
+  replay still waits on (so, unlike stock, it cannot hang). Falling back to stock here would be
+  worse: stock's own key cache is cold for a graph it never updated, and it would update some
+  tasks and leave the rest waiting.
+
+Updates are serialised per process (CANN is reported to fail with two threads updating at once).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
 from ascend_graph_patch import state
-from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, context, verify
+from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, verify
+from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import current_role
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import (
-    TARGET,
     DraftSource,
+    MetadataFault,
     OwnedGraph,
     ResolutionError,
     ResolvedTask,
+    StepFault,
     TargetSource,
 )
+from ascend_graph_patch.core.kinds import TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
 ASPECT = "replay.update"
 _SKIP = object()
 
 
-def _arguments(active: context.Active, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+class _Propagate(Exception):
+    """Carries an error the step must raise into the engine (past the containment below)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+#: One overlay update at a time in a process.
+_UPDATE_LOCK = threading.RLock()
+
+
+def _arguments(active: shared.Active, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
     """(update_stream, forward_context, draft_attn_metadatas) of a stock update call."""
     params = active.line.update_params
     if not kwargs and len(args) == len(params):  # how update_full_graph_params calls it
@@ -40,14 +68,31 @@ def _arguments(active: context.Active, args: tuple, kwargs: dict) -> tuple[Any, 
     return values["update_stream"], values["forward_context"], values.get("draft_attn_metadatas")
 
 
-def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
+def _graph(forward_context: Any) -> tuple[str, Any, OwnedGraph | None]:
+    """(role, descriptor, owned graph or None) of the graph this update is for."""
+    replay = shared.CURRENT_REPLAY.get()
+    if replay is not None:  # v2: the manager named the replayed graph
+        role, descriptor, owner = replay
+    else:
+        role = current_role(forward_context)
+        descriptor = forward_context.batch_descriptor
+        owner = shared.take_replay(role, descriptor)
+    # with the owner known, only its graph will do: another live engine's is not this update's
+    return role, descriptor, REGISTRY.lookup(role, descriptor, owner)
+
+
+def _unowned(role: str, descriptor: Any) -> None:
+    state.count("updates.stock.unowned")
+    reason = REGISTRY.refused.get((role, descriptor))
+    if reason is not None:
+        state.warn_once(f"unowned:{role}:{reason}", f"{role} graph left to stock: {reason}")
+
+
+def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
     update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
-    role = current_role(forward_context)
-    replay = context.CURRENT_REPLAY.get()
-    descriptor = replay[1] if replay is not None else forward_context.batch_descriptor
-    owned = REGISTRY.lookup(role, descriptor)
+    role, descriptor, owned = _graph(forward_context)
     if owned is None:
-        state.count("updates.stock.unowned")
+        _unowned(role, descriptor)
         return None
     if not owned.tasks:
         state.count("updates.skipped_empty")
@@ -58,9 +103,17 @@ def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
         source = DraftSource(draft_attn_metadatas)
     try:
         resolved = owned.resolve(source)
+    except StepFault as fault:
+        if active.mode != ON:  # observe / verify: stock updates every step, let it meet the fault
+            return None
+        raise _Propagate(_step_fault(owned, fault, update_stream)) from None
     except ResolutionError as exc:
         state.count("fallback.resolution")
-        state.warn_once(f"resolve:{exc}", f"update left to stock for one step: {exc}")
+        state.warn_once(
+            f"resolve:{type(exc.__cause__).__name__}",
+            f"{role} graph: the overlay could not resolve a task ({exc}); the stock update "
+            "took this step",
+        )
         return None
     if active.mode == OBSERVE:
         state.count("updates.observed")
@@ -68,18 +121,39 @@ def _plan(active: context.Active, args: tuple, kwargs: dict) -> Any:
     return owned, resolved, update_stream
 
 
+def _step_fault(owned: OwnedGraph, fault: StepFault, update_stream: Any) -> BaseException:
+    """The step is broken as stock would find it broken: its error, with nothing left waiting."""
+    kind = "metadata" if isinstance(fault, MetadataFault) else "runtime"
+    state.count(f"faults.{kind}")
+    released = owned.release(update_stream)
+    error = fault.error
+    message = (
+        f"{owned.role} graph: {fault}; raised {type(error).__name__} to the engine, as stock "
+        f"would, after recording {released} pending event(s) so the replay cannot hang"
+    )
+    state.warn_once(f"fault:{kind}:{type(error).__name__}", message)
+    error.add_note(f"ascend-graph-patch: {message}")
+    return error
+
+
 def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) -> None:
     try:
         owned.apply(resolved, update_stream, torch.npu)
-        state.count("updates.owned")
-        state.count("tasks.updated", len(resolved))
-        state.mark_effective(ASPECT)
-    except Exception as exc:
-        aspect_error(ASPECT + ".apply", exc)
+    except Exception as exc:  # the runtime failed part way: stock would raise it too
+        state.count("faults.apply")
+        where = " ".join(n for n in getattr(exc, "__notes__", []) if "ascend-graph-patch" in n)
+        state.warn_once(
+            f"fault:apply:{type(exc).__name__}",
+            f"{owned.role} graph: {type(exc).__name__}: {exc}; raised to the engine, as stock "
+            f"would. {where.removeprefix('ascend-graph-patch: ')}",
+        )
+        raise
+    state.count_update(len(resolved))
+    state.mark_effective(ASPECT)
 
 
 def _verify(
-    active: context.Active,
+    active: shared.Active,
     stock: Any,
     args: tuple,
     kwargs: dict,
@@ -87,7 +161,7 @@ def _verify(
     resolved: list[ResolvedTask],
     update_stream: Any,
 ) -> None:
-    dry, error = verify.dry_run(stock, args, kwargs)
+    dry, error = verify.dry_run(stock, args, kwargs, active.line.verify_interceptors)
     state.count("verify.updates")
     if error is not None:
         # Stock cannot update this graph at all (it would raise into the engine): apply ours.
@@ -100,7 +174,7 @@ def _verify(
         _apply(owned, resolved, update_stream)
         return
     try:
-        problems = verify.compare(resolved, dry, active.line.dynamic_args)
+        problems = verify.compare(resolved, dry, active.line.layouts)
     except Exception as exc:  # a comparison bug of ours: stock still updates this step
         aspect_error(ASPECT + ".verify", exc)
         problems = []
@@ -115,21 +189,24 @@ def _verify(
 
 
 def update_graph_params(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    active = context.ACTIVE
+    active = shared.ACTIVE
     if active is None:
         return wrapped(*args, **kwargs)
-    try:
-        plan = _plan(active, args, kwargs)
-    except Exception as exc:
-        aspect_error(ASPECT, exc)
-        plan = None
-    if plan is None:
-        return wrapped(*args, **kwargs)
-    if plan is _SKIP:
+    with _UPDATE_LOCK:
+        try:
+            plan = _plan(active, args, kwargs)
+        except _Propagate as step:
+            raise step.error from None
+        except Exception as exc:
+            aspect_error(ASPECT, exc)
+            plan = None
+        if plan is None:
+            return wrapped(*args, **kwargs)
+        if plan is _SKIP:
+            return None
+        owned, resolved, update_stream = plan
+        if active.mode == VERIFY:
+            return _verify(active, wrapped, args, kwargs, owned, resolved, update_stream)
+        assert active.mode == ON
+        _apply(owned, resolved, update_stream)
         return None
-    owned, resolved, update_stream = plan
-    if active.mode == VERIFY:
-        return _verify(active, wrapped, args, kwargs, owned, resolved, update_stream)
-    assert active.mode == ON
-    _apply(owned, resolved, update_stream)
-    return None

@@ -4,17 +4,25 @@ In verify mode the runtime calls that the stock update makes (task update begin/
 op relaunches, `ExternalEvent.record`) are intercepted while a dry run is active: recorded per task
 handle, not executed. The overlay's resolved arguments are then compared with them, task by task,
 on the arguments that change per step. Outside a dry run the interceptors pass straight through.
+
+The op interceptors sit on ``torch_npu`` attributes that torch_npu itself rebinds after start-up
+(``_register_atb_extensions`` swaps the PA op and its workspace getter for ``torch.ops.atb``
+ones), so every dry run first re-attaches any interceptor whose attribute changed; otherwise stock's
+relaunches would run for real and verify would report every such task as not updated by stock.
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ascend_graph_patch import state
 from ascend_graph_patch.core.graph import ResolvedTask
+from ascend_graph_patch.lines.base import Interceptor, TaskLayout
 
 
 @dataclass
@@ -75,7 +83,16 @@ fia_v2_out = _op_interceptor("fia_v2")
 paged_attention = _op_interceptor("pa")
 
 
-def dry_run(stock: Any, args: tuple, kwargs: dict) -> tuple[DryRun, BaseException | None]:
+def dry_run(
+    stock: Any, args: tuple, kwargs: dict, interceptors: tuple[Interceptor, ...] = ()
+) -> tuple[DryRun, BaseException | None]:
+    """Run ``stock`` with its runtime calls intercepted (re-attached first where rebound)."""
+    if interceptors:
+        from ascend_graph_patch import installer
+
+        again = installer.reattach(interceptors)
+        if again:
+            state.count("verify.reattached", again)
     dry = DryRun()
     token = DRY_RUN.set(dry)
     try:
@@ -114,7 +131,7 @@ def _short(value: Any) -> str:
 
 
 def compare(
-    resolved: list[ResolvedTask], dry: DryRun, dynamic_args: dict[str, tuple[str, ...]]
+    resolved: list[ResolvedTask], dry: DryRun, layouts: Mapping[str, TaskLayout]
 ) -> list[str]:
     """Readable differences between the overlay's and stock's launches, one line each."""
     problems: list[str] = []
@@ -130,7 +147,7 @@ def compare(
         if stock_kind != task.kind:
             problems.append(f"{label}: stock relaunched it as {stock_kind}")
             continue
-        for name in dynamic_args.get(task.kind, ()):
+        for name in layouts[task.kind].dynamic_args:
             ours, theirs = kwargs.get(name), stock_kwargs.get(name)
             if not _same(ours, theirs):
                 problems.append(

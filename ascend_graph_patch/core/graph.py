@@ -1,10 +1,25 @@
 """An owned graph and the update tasks it holds (the UpdatableGraph idea, RFC 13058).
 
 A task is keyed by (kind, metadata key, draft step), never by position. Replay is two phases:
-`resolve` computes every launch argument from a metadata source without touching the runtime, so a
-failure there changes nothing and the caller can still run the stock update; `apply` then, per task
-and exactly once, opens the task-group update, relaunches the op with the fresh arguments, closes
-the update and records the task's event (a graph left waiting on an event is a hang on hardware).
+``resolve`` computes every launch argument from a metadata source without touching the runtime;
+``apply`` then, per task and exactly once, opens the task-group update, relaunches the op with the
+fresh arguments, closes the update and records the task's event (a graph left waiting on an event
+is a hang on hardware).
+
+What a failure means decides what the step does (the caller acts on it; see ``aspects/replay``):
+
+- :class:`ResolutionError`: the overlay itself could not resolve a task (a bug of ours); nothing
+  reached the runtime, and the stock update, which reads the same intact metadata, takes the step;
+- :class:`MetadataFault`: the step's metadata cannot be read as stock reads it (a key, a draft step
+  or an attribute is missing, an entry is None or of another type); stock would raise reading it,
+  so the step raises the same error;
+- :class:`RuntimeFault`: a runtime host call made while resolving raised (the PA workspace getter,
+  which stock calls too): the step raises it;
+- an exception out of ``apply`` (a relaunch, an update-scope call or an event record failed part
+  way): it propagates, as it would out of stock's loop.
+
+Before raising, :meth:`OwnedGraph.release` records the events a launched replay still waits on,
+so a failed step can never leave the graph hanging.
 """
 
 from __future__ import annotations
@@ -13,67 +28,92 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-TARGET = "target"
-DRAFT = "draft"
-DRAFT_PREFILL = "draft_prefill"
+from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
+
+__all__ = [
+    "DRAFT",
+    "DRAFT_PREFILL",
+    "TARGET",
+    "CaptureRefused",
+    "DraftSource",
+    "MetadataFault",
+    "OwnedGraph",
+    "ResolutionError",
+    "ResolvedTask",
+    "RuntimeFault",
+    "TargetSource",
+    "UpdateTask",
+]
+
+
+class CaptureRefused(Exception):
+    """At capture: a task group cannot be owned, so its whole graph is left to stock."""
 
 
 class ResolutionError(Exception):
-    """Fresh parameters for a task could not be computed; the step must go to stock."""
+    """At replay: the overlay could not compute a task's parameters; stock takes the step."""
+
+
+class StepFault(ResolutionError):
+    """At replay: the step itself is broken; it raises ``error``, the exception stock would meet."""
+
+    def __init__(self, message: str, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class MetadataFault(StepFault):
+    """The step's metadata cannot be read the way stock reads it."""
+
+
+class RuntimeFault(StepFault):
+    """A runtime host call made while resolving (one stock makes too) raised."""
 
 
 class Provider(Protocol):
-    """Writes the launch arguments that change per step, read from one metadata object."""
+    """Computes, from one metadata object, the launch arguments that change per step."""
 
     kind: str
+    group: int  # providers configured alike share a group: their values are computed once
 
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None: ...
-
-
-class MetadataSource(Protocol):
-    def lookup(self, metadata_key: str, step: int) -> Any: ...
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]: ...
 
 
 class TargetSource:
-    """Target graphs read `forward_context.attn_metadata` (layer name -> metadata)."""
+    """Target graphs read ``forward_context.attn_metadata`` (layer name -> metadata)."""
 
     __slots__ = ("attn_metadata",)
 
     def __init__(self, attn_metadata: Mapping[str, Any]) -> None:
         self.attn_metadata = attn_metadata
 
-    def lookup(self, metadata_key: str, step: int) -> Any:
-        try:
-            return self.attn_metadata[metadata_key]
-        except (KeyError, TypeError) as exc:
-            raise ResolutionError(f"no metadata for key {metadata_key!r}") from exc
+    def missing(self, metadata_key: str, step: int) -> str:
+        return f"no metadata for {metadata_key!r}"
 
 
 class DraftSource:
-    """Draft graphs read the per-step list the proposer passes (`draft_attn_metadatas`)."""
+    """Draft graphs read the per-step list the proposer passes (``draft_attn_metadatas``)."""
 
     __slots__ = ("per_step",)
 
     def __init__(self, per_step: Sequence[Mapping[str, Any]] | None) -> None:
         self.per_step = per_step
 
-    def lookup(self, metadata_key: str, step: int) -> Any:
-        if self.per_step is None or step >= len(self.per_step):
-            n = 0 if self.per_step is None else len(self.per_step)
-            raise ResolutionError(f"draft step {step} missing ({n} step(s) of metadata given)")
-        try:
-            return self.per_step[step][metadata_key]
-        except (KeyError, TypeError) as exc:
-            raise ResolutionError(f"no metadata for key {metadata_key!r} at step {step}") from exc
+    def missing(self, metadata_key: str, step: int) -> str:
+        given = len(self.per_step) if isinstance(self.per_step, Sequence) else 0
+        return f"no metadata for {metadata_key!r} at draft step {step} ({given} step(s) given)"
+
+
+_NONE = object()
 
 
 @dataclass(eq=False, slots=True)
 class UpdateTask:
     """One captured attention task group, owned by the graph that captured it.
 
-    `template` holds the static launch arguments (the captured, weak-referenced tensors and
+    ``template`` holds the static launch arguments (the captured, weak-referenced tensors and
     scalars, as the stock registry holds them); the provider supplies what changes per step.
-    `launch` is the dict each resolution binds the fresh values into (the template itself: only
+    ``launch`` is the dict each resolution binds the fresh values into (the template itself: only
     the changing keys are ever overwritten, so nothing is copied at capture or rebuilt per step),
     and the last step's host lists stay referenced until the next update has replaced them (the
     device consumes them asynchronously on hardware).
@@ -98,6 +138,11 @@ class UpdateTask:
         """Identity within a graph. KV-sharing layers share a metadata key, not a layer name."""
         return (self.kind, self.layer_name or self.metadata_key, self.step)
 
+    @property
+    def label(self) -> str:
+        name = self.layer_name or self.metadata_key
+        return f"{self.kind} {name}" + (f" step {self.step}" if self.step else "")
+
 
 ResolvedTask = tuple[UpdateTask, dict[str, Any]]
 
@@ -108,17 +153,21 @@ class OwnedGraph:
 
     role: str
     descriptor: Any
+    #: Whether the runner replays this graph before updating it (the default order; ENPU / 310P
+    #: update first). When an update fails, a launched replay still waits on the events.
+    replay_first: bool = True
     tasks: list[UpdateTask] = field(default_factory=list)
     # Precomputed per graph (launch dicts are per task and persistent): what resolve walks and
     # what it returns, so a replay step allocates nothing but the providers' fresh values.
     _bindings: list[tuple] | None = field(default=None, repr=False)
     _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
+    _launches: list[tuple] = field(default_factory=list, repr=False)
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
         key = task.key
         if key in self._keys:
-            raise ResolutionError(f"duplicate task key {key}")
+            raise CaptureRefused(f"duplicate task key {key}")
         self._keys.add(key)
         self.tasks.append(task)
         self._bindings = None
@@ -131,55 +180,107 @@ class OwnedGraph:
 
     def _prepare(self) -> list[tuple]:
         self._bindings = [
-            (t.metadata_key, t.step, t.provider.bind, t.launch, t) for t in self.tasks
+            (t.metadata_key, t.step, t.provider, t.provider.group, t.launch, t) for t in self.tasks
         ]
         self._resolved = [(t, t.launch) for t in self.tasks]
+        self._launches = [(t.op, t.handle, t.event, t.launch) for t in self.tasks]
         return self._bindings
 
-    def resolve(self, source: MetadataSource) -> list[ResolvedTask]:
-        """Bind every task's fresh launch arguments, before any runtime call.
+    def resolve(self, source: TargetSource | DraftSource) -> list[ResolvedTask]:
+        """Bind every task's fresh launch arguments, before any update-scope runtime call.
 
-        Nothing the runtime or the stock path can see changes: a failure here leaves the step
-        free to go to the stock update.
+        Tasks whose providers are configured alike and read the same metadata object (the layers
+        of one KV-cache group) share one computation of the fresh values. Nothing the runtime or
+        the stock path can see changes; see the module docstring for what each failure means.
         """
         bindings = self._bindings if self._bindings is not None else self._prepare()
+        draft = isinstance(source, DraftSource)
+        table: Any = source.per_step if draft else source.attn_metadata
         cache: dict = {}
-        lookup = source.lookup
-        for metadata_key, step, bind, launch, task in bindings:
-            metadata = lookup(metadata_key, step)
+        last_metadata: Any = _NONE
+        last_group = -1
+        values: dict[str, Any] = {}
+        for metadata_key, step, provider, group, launch, task in bindings:
             try:
-                bind(metadata, launch, cache)
-            except ResolutionError:
-                raise
-            except Exception as exc:  # a provider bug must not leave events unrecorded
-                raise ResolutionError(f"{task.kind} provider failed for {task.key}: {exc!r}") from (
-                    exc
-                )
-        return list(self._resolved)
+                metadata = table[step][metadata_key] if draft else table[metadata_key]
+            except (KeyError, TypeError, IndexError) as exc:
+                message = f"{task.label}: {source.missing(metadata_key, step)}"
+                raise MetadataFault(message, exc) from exc
+            if metadata is not last_metadata or group != last_group:
+                shared = cache.get((group, id(metadata)))
+                if shared is None:
+                    try:
+                        shared = cache[(group, id(metadata))] = provider.values(metadata, cache)
+                    except StepFault as fault:
+                        fault.args = (f"{task.label}: {fault.args[0]}",)
+                        raise
+                    except Exception as exc:  # a bug of ours: stock, reading the same, is fine
+                        raise ResolutionError(f"{task.label}: provider failed: {exc!r}") from exc
+                values, last_metadata, last_group = shared, metadata, group
+            launch.update(values)
+        return self._resolved
 
     def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
-        """Update each task once and record its event, on `update_stream`.
+        """Update each task once and record its event, on ``update_stream``.
 
-        If a launch fails part-way, the remaining events are still recorded so the replay cannot
-        hang, and the error is re-raised for the caller to count.
+        If a call fails part way, the update scope is closed, the events a launched replay still
+        waits on are recorded (so it cannot hang), and the runtime's error propagates, with a
+        note saying which task failed.
         """
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
+        launches = (
+            self._launches
+            if resolved is self._resolved
+            else [(t.op, t.handle, t.event, kwargs) for t, kwargs in resolved]
+        )
         done = 0
+        record_failed = False
         try:
             with runtime.stream(update_stream):
-                for task, kwargs in resolved:
-                    begin(update_stream, task.handle)
+                for op, handle, event, kwargs in launches:
+                    begin(update_stream, handle)
                     try:
-                        task.op(**kwargs)
-                    finally:
-                        end(update_stream)
-                    task.event.record(update_stream)
+                        op(**kwargs)
+                    except BaseException:
+                        _quietly(end, update_stream)  # close the scope; keep the op's error
+                        raise
+                    end(update_stream)
+                    try:
+                        event.record(update_stream)
+                    except BaseException:
+                        record_failed = True  # not retried: it may have half happened
+                        raise
                     done += 1
-        except BaseException:
-            for rest, _ in resolved[done:]:
-                try:
-                    rest.event.record(update_stream)
-                except Exception:
-                    pass
+        except BaseException as exc:
+            pending = [task for task, _ in resolved[done + record_failed :]]
+            released = self.release(update_stream, pending)
+            failed = resolved[done][0].label if done < len(resolved) else "the update"
+            exc.add_note(
+                f"ascend-graph-patch: the update of {failed} ({done + 1} of {len(resolved)}) "
+                f"failed; {released} pending event(s) recorded so the replay cannot hang"
+            )
             raise
+
+    def release(self, update_stream: Any, tasks: list[UpdateTask] | None = None) -> int:
+        """Record the events of ``tasks`` (default: all) if a launched replay waits on them.
+
+        Returns how many were recorded (0 when the runner updates before it replays: then no
+        replay is waiting, and a record now would be a second one at the next step).
+        """
+        if not self.replay_first:
+            return 0
+        released = 0
+        for task in self.tasks if tasks is None else tasks:
+            if _quietly(task.event.record, update_stream):
+                released += 1
+        return released
+
+
+def _quietly(call: Callable[..., Any], *args: Any) -> bool:
+    """Call, swallowing an error (already failing: the first error is the one to raise)."""
+    try:
+        call(*args)
+        return True
+    except Exception:
+        return False

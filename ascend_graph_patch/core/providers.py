@@ -1,100 +1,149 @@
-"""Per-task providers: which metadata fields feed which launch arguments, per attention kind.
+"""Per-task providers: the launch arguments that change per step, from one step's metadata.
 
-They mirror what the stock update rebinds, so the overlay launches exactly what stock would:
-- FIA: query ends and KV lengths; the block table too, except on sliding-window target layers
-  (rebinding it there corrupts output upstream); drafts always rebind it and drop to sparse mode 0
-  when the step is not causal. The workspace is the graph's captured one, read once per pass.
-- FIA v2 (sinks): query ends and KV lengths; the captured workspace.
-- PA: context lengths, and a workspace recomputed from them, shared within one pass by tasks with
-  the same signature.
+What each one rebinds comes from the line's layout (relaunch keyword <- metadata attribute), so the
+overlay relaunches exactly what stock relaunches. The two shapes differ only in the workspace:
+
+- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace; FIA also rebinds
+  the block table where stock does, and drops a draft step that is not causal to sparse mode 0,
+  as stock does;
+- :class:`LengthsWorkspaceProvider` (PA): a workspace recomputed from the fresh context lengths.
+
+A provider computes its fresh values for one metadata object (``values``). The layers of a KV-cache
+group share one metadata object, and tasks with the same provider configuration (``group``)
+share the values too: the graph computes them once per (group, metadata object) and each task
+then only takes them into its launch dict (``OwnedGraph.resolve``). For PA that shares one
+workspace between tasks reading the same lengths with the same ``pa_signature``; why that key is
+enough: ``docs/design.md``, "PA workspace sharing". Reading a metadata object that lacks what stock
+reads is a :class:`MetadataFault`; a failing workspace getter a :class:`RuntimeFault`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
-FIA = "fia"
-FIA_V2 = "fia_v2"
-PA = "pa"
-KINDS = (FIA, FIA_V2, PA)
+from ascend_graph_patch.core.graph import MetadataFault, RuntimeFault
+
+#: What reading a metadata object that is None, of another type or lacking a field raises.
+_UNREADABLE = (AttributeError, TypeError)
+
+#: Provider configurations, interned to small ints: tasks of one group share their values.
+_GROUPS: dict[tuple, int] = {}
 
 
-def _graph_workspace(getter: Callable[[], Any], cache: dict) -> Any:
-    """The graph's captured workspace, read once per pass (all tasks of a graph share it)."""
-    key = id(getter)
-    try:
-        return cache[key]
-    except KeyError:
-        workspace = cache[key] = getter()
-        return workspace
+def group_of(config: tuple) -> int:
+    return _GROUPS.setdefault(config, len(_GROUPS))
 
 
-@dataclass(slots=True)
-class FIAProvider:
-    workspace: Callable[[], Any]
-    rebind_block_table: bool = True
-    draft: bool = False
-    sparse_mode: int = 3  # the captured one; drafts drop to 0 on non-causal steps
-    kind: str = FIA
-
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch["actual_seq_lengths"] = metadata.actual_seq_lengths_q
-        launch["actual_seq_lengths_kv"] = metadata.seq_lens_list
-        launch["workspace"] = _graph_workspace(self.workspace, cache)
-        if self.draft or self.rebind_block_table:
-            launch["block_table"] = metadata.block_tables
-        if self.draft:
-            launch["sparse_mode"] = self.sparse_mode if metadata.causal else 0
+def reader(attributes: tuple[str, ...]) -> Callable[[Any], tuple]:
+    """One C call reading every attribute of a metadata object, always as a tuple."""
+    if len(attributes) == 1:
+        single = attrgetter(attributes[0])
+        return lambda metadata: (single(metadata),)
+    return attrgetter(*attributes)
 
 
 @dataclass(slots=True)
-class FIAV2Provider:
-    workspace: Callable[[], Any]
-    kind: str = FIA_V2
+class GraphWorkspaceProvider:
+    """FIA / FIA v2: fresh lengths (and block table), the graph's captured workspace."""
+
+    kind: str
+    keys: tuple[str, ...]  # relaunch keywords, in the order ``read`` returns their values
+    attributes: tuple[str, ...]  # the metadata attributes ``read`` reads
+    workspace: Callable[[], Any]  # the graph's captured workspace (one getter per graph)
+    causal: str | None = None  # drafts: the metadata attribute saying whether a step is causal
+    sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
+    read: Callable[[Any], tuple] = field(init=False)
+    group: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
+        self.read = reader(attributes)
+        self.group = group_of(
+            (
+                self.kind,
+                self.keys,
+                attributes,
+                id(self.workspace),
+                self.sparse_mode if self.causal is not None else None,
+            )
+        )
+
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
+        try:
+            read = self.read(metadata)
+        except _UNREADABLE as exc:
+            raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
+        values = dict(zip(self.keys, read, strict=False))  # a causal flag read last is left out
+        values["workspace"] = self.workspace()
+        if self.causal is not None:
+            values["sparse_mode"] = self.sparse_mode if read[-1] else 0
+        return values
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch["actual_seq_qlen"] = metadata.actual_seq_lengths_q
-        launch["actual_seq_kvlen"] = metadata.seq_lens_list
-        launch["workspace"] = _graph_workspace(self.workspace, cache)
+        launch.update(self.values(metadata, cache))
 
 
+#: Static shape signatures, interned to small ints.
 _SHAPE_KEYS: dict[tuple, int] = {}
 
 
 def shape_key(signature: tuple) -> int:
-    """A small int standing for a static shape signature: cheap to hash once per task per step."""
     return _SHAPE_KEYS.setdefault(signature, len(_SHAPE_KEYS))
 
 
-@dataclass(slots=True)
-class PAProvider:
-    workspace_for: Callable[..., Any]  # torch_npu._npu_paged_attention_get_workspace
-    shape_signature: int = 0  # shape_key() of what else the workspace size depends on
-    kind: str = PA
+#: The PA getter's device tensors: their shapes and dtypes may size a workspace, their values
+#: cannot (the host-side getter does not read device memory).
+PA_SHAPED = ("query", "key_cache", "value_cache", "block_table", "out")
 
-    @staticmethod
-    def signature_of(template: dict[str, Any]) -> int:
-        query, key_cache = template["query"], template["key_cache"]
-        return shape_key(
-            (
-                tuple(query.shape),
-                query.dtype,
-                tuple(key_cache.shape),
-                template["num_kv_heads"],
-                template["num_heads"],
-            )
-        )
+
+def pa_signature(template: dict[str, Any], shaped: tuple[str, ...] = PA_SHAPED) -> int:
+    """Everything besides the lengths that a PA workspace can depend on.
+
+    The real getter receives query, caches, head counts, scale, block table, context lengths and
+    the output: the lengths are host data (read from the same metadata object, they are the same
+    object), the tensors count by shape and dtype, the head counts by value; the scale does not
+    size memory. Tasks reading one metadata object with equal signatures share one workspace.
+    """
+    parts = tuple((tuple(template[n].shape), template[n].dtype) for n in shaped)
+    return shape_key((*parts, template["num_kv_heads"], template["num_heads"]))
+
+
+@dataclass(slots=True)
+class LengthsWorkspaceProvider:
+    """PA: fresh context lengths and a workspace recomputed from them."""
+
+    kind: str
+    lengths_key: str  # the relaunch keyword of the context lengths
+    attribute: str  # the metadata attribute holding them
+    workspace_for: Callable[..., Any]  # torch_npu's workspace getter for this op
+    template: dict[str, Any]  # the getter's other arguments: the task's static ones
+    signature: int = 0  # pa_signature() of the task's static arguments
+    lengths: Callable[[Any], Any] = field(init=False)
+    static: dict[str, Any] = field(init=False)  # the getter's other arguments, set once
+    group: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = attrgetter(self.attribute)
+        skip = (self.lengths_key, "workspace")
+        self.static = {k: v for k, v in self.template.items() if k not in skip}
+        self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
+
+    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
+        try:
+            lengths = self.lengths(metadata)
+        except _UNREADABLE as exc:
+            raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
+        try:  # stock calls the same getter with the same arguments
+            workspace = self.workspace_for(**self.static, **{self.lengths_key: lengths})
+        except Exception as exc:
+            raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
+        return {self.lengths_key: lengths, "workspace": workspace}
 
     def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        context_lens = metadata.seq_lens
-        signature = (id(context_lens), self.shape_signature)
-        workspace = cache.get(signature)
-        if workspace is None:
-            args = {k: v for k, v in launch.items() if k != "workspace"}
-            args["context_lens"] = context_lens
-            workspace = self.workspace_for(**args)
-            cache[signature] = workspace
-        launch["context_lens"] = context_lens
-        launch["workspace"] = workspace
+        launch.update(self.values(metadata, cache))
+
+
+Provider = GraphWorkspaceProvider | LengthsWorkspaceProvider

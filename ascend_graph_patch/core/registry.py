@@ -1,6 +1,17 @@
-"""Which graphs the overlay owns, found again at update time by (role, batch descriptor).
+"""Which graphs the overlay owns, found again at update time.
 
-Graphs are held weakly: when the runner drops a graph (sleep mode, recapture), its tasks go with it.
+The update seam is not told which graph it updates, only the role and the batch descriptor, and
+an engine or drafter rebuilt in one process leaves its old graphs alive until the cyclic garbage
+collector runs (vllm-ascend's proposer holds a reference cycle to its graph wrapper). So each
+owned graph is filed under (role, descriptor) *and* its owner (the graph wrapper, or the v2
+manager), in registration order, and found again by:
+
+- the owner that just replayed it, when the caller knows it (the replay aspects note it): exact;
+- otherwise (the ENPU order updates before it replays) the newest live graph for the key: the one
+  the current engine captured.
+
+Everything is held weakly: when the runner drops a graph (sleep mode, recapture, a rebuilt
+engine), its tasks go with it.
 """
 
 from __future__ import annotations
@@ -11,49 +22,75 @@ from typing import Any
 from ascend_graph_patch.core.graph import OwnedGraph
 
 
+def _tokens(descriptor: Any) -> Any:
+    """The cheap part of a batch descriptor (v1 and v2 descriptors both carry num_tokens)."""
+    return getattr(descriptor, "num_tokens", descriptor)
+
+
+def _ref(owner: Any) -> Any:
+    try:
+        return weakref.ref(owner)
+    except TypeError:  # an owner without weak references: identity is all we have
+        return lambda owner=owner: owner
+
+
 class GraphRegistry:
     def __init__(self) -> None:
         self._owned: weakref.WeakKeyDictionary[Any, OwnedGraph] = weakref.WeakKeyDictionary()
-        # (role, descriptor) -> {id(owner): weakref(graph)}; owner = the wrapper / manager.
-        self._index: dict[tuple[str, Any], dict[int, weakref.ref]] = {}
+        # (role, num_tokens) -> [(descriptor, [(weakref(owner), weakref(graph), weakref(owned))])]
+        # with the entries oldest first. Descriptors hash and compare in Python (dataclasses):
+        # the int key finds the few candidates, identity (the dispatcher hands out the
+        # descriptors it captured with) or equality picks one.
+        self._index: dict[tuple[str, Any], list[tuple[Any, list[tuple[Any, Any, Any]]]]] = {}
+        #: (role, descriptor) -> why the newest graph captured for it was left to stock
         self.refused: dict[tuple[str, Any], str] = {}
-        # (role, descriptor) -> (weakref(graph), weakref(owned)) when one owner holds the key;
-        # weak on both sides, so the fast path never keeps a dead graph's tasks alive.
-        self._fast: dict[tuple[str, Any], tuple[weakref.ref, weakref.ref]] = {}
 
     def register(self, owner: Any, graph: Any, owned: OwnedGraph) -> None:
+        key = (owned.role, owned.descriptor)
+        entries = self._live(key)
+        entries[:] = [e for e in entries if e[0]() is not owner]  # a recapture replaces
+        entries.append((_ref(owner), weakref.ref(graph), weakref.ref(owned)))
         self._owned[graph] = owned
-        slot = self._index.setdefault((owned.role, owned.descriptor), {})
-        slot[id(owner)] = weakref.ref(graph)
-        self.refused.pop((owned.role, owned.descriptor), None)
-        self._fast.pop((owned.role, owned.descriptor), None)
+        self.refused.pop(key, None)
 
     def refuse(self, owner: Any, role: str, descriptor: Any, reason: str) -> None:
-        """Remember a graph left to stock (and drop any older owned graph of that owner/key)."""
-        slot = self._index.get((role, descriptor))
-        if slot is not None:
-            slot.pop(id(owner), None)
-        self.refused[(role, descriptor)] = reason
-        self._fast.pop((role, descriptor), None)
-
-    def lookup(self, role: str, descriptor: Any) -> OwnedGraph | None:
-        """The one live owned graph for this key, or None (unknown or ambiguous: stock)."""
+        """Remember a graph left to stock (and drop that owner's older graph for the key)."""
         key = (role, descriptor)
-        fast = self._fast.get(key)
-        if fast is not None and fast[0]() is not None:
-            owned = fast[1]()
-            if owned is not None:
-                return owned
-        slot = self._index.get(key)
-        if not slot:
+        entries = self._live(key)
+        entries[:] = [e for e in entries if e[0]() is not owner]
+        self.refused[key] = reason
+
+    def _entries(self, role: str, descriptor: Any) -> list[tuple[Any, Any, Any]] | None:
+        for known, entries in self._index.get((role, _tokens(descriptor)), ()):
+            if known is descriptor or known == descriptor:
+                return entries
+        return None
+
+    def _live(self, key: tuple[str, Any]) -> list[tuple[Any, Any, Any]]:
+        role, descriptor = key
+        entries = self._entries(role, descriptor)
+        if entries is None:
+            entries = []
+            self._index.setdefault((role, _tokens(descriptor)), []).append((descriptor, entries))
+        entries[:] = [e for e in entries if e[1]() is not None and e[0]() is not None]
+        return entries
+
+    def lookup(self, role: str, descriptor: Any, owner: Any = None) -> OwnedGraph | None:
+        """The owned graph for this key: ``owner``'s if given, else the newest live one."""
+        entries = self._entries(role, descriptor)
+        if not entries:
             return None
-        alive = [(ref, g) for ref, g in ((r, r()) for r in slot.values()) if g is not None]
-        if len(alive) != 1:
-            return None
-        owned = self._owned.get(alive[0][1])
-        if owned is not None:
-            self._fast[key] = (alive[0][0], weakref.ref(owned))
-        return owned
+        for owner_ref, graph_ref, owned_ref in reversed(entries):
+            live_owner = owner_ref()
+            if live_owner is None or (owner is not None and live_owner is not owner):
+                continue
+            if graph_ref() is not None:
+                return owned_ref()
+        return None
+
+    def live_owners(self, role: str, descriptor: Any) -> int:
+        """How many owners have a live owned graph for this key (more than one: a rebuild)."""
+        return len(self._live((role, descriptor)))
 
     def graphs(self) -> list[OwnedGraph]:
         return list(self._owned.values())
@@ -62,7 +99,6 @@ class GraphRegistry:
         self._owned = weakref.WeakKeyDictionary()
         self._index.clear()
         self.refused.clear()
-        self._fast.clear()
 
 
 REGISTRY = GraphRegistry()

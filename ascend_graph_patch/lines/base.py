@@ -1,4 +1,12 @@
-"""The shape of a supported line and of the structural checks the gate runs against it."""
+"""The shape of a supported release line, and the structural checks the gate runs against it.
+
+A line is everything the overlay knows about one vllm-ascend release, as data: where each seam is
+(module, qualified name, expected parameters), how each attention kind is captured (the tuple the
+stock code appends to ``GraphParams.attn_params``, the argument that names its bucket) and
+relaunched (the op, the static keyword arguments, the metadata attributes rebound every step),
+which runtime calls verify intercepts, and the fingerprints that tell this release from its
+neighbours. The aspects and the gate read only this; they name seams by key.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _resolve(module: str, qualname: str) -> Any:
+def resolve(module: str, qualname: str) -> Any:
+    """The object at ``module.qualname`` in an already-imported module (LookupError if absent).
+
+    Class attributes are read statically, so a staticmethod resolves to its function and a wrapt
+    wrapper installed on a class is seen as the wrapper, not a bound method.
+    """
     mod = sys.modules.get(module)
     if mod is None:
         raise LookupError(f"module {module} not loaded")
@@ -25,10 +38,23 @@ def _resolve(module: str, qualname: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Check:
-    """One structural fact about a seam; `describe()` is what a refusal prints."""
+class Seam:
+    """Where an aspect attaches, and the parameters the target must have (None: not checked)."""
 
-    kind: str  # "signature" | "fields" | "has" | "absent" | "source"
+    module: str
+    qualname: str
+    params: tuple[str, ...] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One structural fact about the release; ``describe()`` is what a refusal prints."""
+
+    kind: str  # "resolves" | "signature" | "fields" | "has" | "absent" | "source"
     module: str
     qualname: str
     expect: tuple[str, ...] = ()
@@ -44,7 +70,9 @@ class Check:
                 if mod is not None and hasattr(mod, self.qualname):
                     return f"{self.module}.{self.qualname} exists (a newer line)"
                 return None
-            obj = _resolve(self.module, self.qualname)
+            obj = resolve(self.module, self.qualname)
+            if self.kind == "resolves":
+                return None
             if self.kind == "signature":
                 got = tuple(inspect.signature(obj).parameters)
                 if got != self.expect:
@@ -69,7 +97,52 @@ class Check:
         return None
 
 
-TemplateBuilder = Callable[[dict[str, Any], Any], dict[str, Any]]  # (fields, attention module)
+#: (captured fields by name, the attention module) -> the static relaunch keyword arguments.
+TemplateBuilder = Callable[[dict[str, Any], Any], dict[str, Any]]
+#: (captured fields by name, graph role) -> whether the block table is rebound every step.
+BlockTableRule = Callable[[dict[str, Any], str], bool]
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """How one attention kind is captured and relaunched on a line."""
+
+    kind: str
+    #: Seam key of the backend method that opens this kind's task group at capture.
+    capture_seam: str
+    #: Names of the tuple the stock capture appends to ``GraphParams.attn_params``, in order.
+    fields: tuple[str, ...]
+    #: Attribute path on ``torch_npu`` of the op the update relaunches.
+    op: str
+    #: Static relaunch keyword arguments, from the captured fields.
+    template: TemplateBuilder
+    #: (position, name) of the capture method's argument that gives the GraphParams key ...
+    key_arg: tuple[int, str]
+    #: ... and how: the argument's value -> num_tokens.
+    key_of: Callable[[Any], int]
+    #: (relaunch keyword, metadata attribute) pairs rebound from the step's metadata.
+    binds: tuple[tuple[str, str], ...]
+    #: (relaunch keyword, metadata attribute) of the block table, rebound when ``rebind_table``.
+    block_table: tuple[str, str] | None = None
+    rebind_table: BlockTableRule | None = None
+    #: Metadata attribute telling whether a draft step is causal (sparse mode 0 when not).
+    draft_causal: str | None = None
+    #: Where the relaunch's workspace comes from: the graph's captured one ("graph"), or
+    #: recomputed from the fresh lengths by ``workspace_getter`` (a ``torch_npu`` path).
+    workspace: str = "graph"
+    workspace_getter: str | None = None
+    #: The relaunch keywords that change per step: what verify compares with stock.
+    dynamic_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Interceptor:
+    """A runtime call verify intercepts during its dry run of the stock update."""
+
+    name: str
+    module: str
+    target: str
+    wrapper: str  # attribute of ascend_graph_patch.aspects.verify
 
 
 @dataclass(frozen=True)
@@ -79,9 +152,14 @@ class Line:
     name: str
     vllm_ascend_versions: frozenset[str]
     vllm_versions: frozenset[str]
-    checks: Mapping[str, tuple[Check, ...]]  # aspect group -> structural checks
-    tuple_arity: Mapping[str, int]  # task kind -> captured tuple length
-    templates: Mapping[str, TemplateBuilder]  # task kind -> (captured fields, module) -> kwargs
-    update_params: tuple[str, ...]  # parameters of the stock update_graph_params
-    fields: Callable[[str, tuple], dict[str, Any]]  # task kind, captured tuple -> named fields
-    dynamic_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Seam key -> where it is. Aspects name seams by these keys.
+    seams: Mapping[str, Seam]
+    #: Aspect group -> structural facts beyond "every seam resolves with its parameters".
+    fingerprints: Mapping[str, tuple[Check, ...]]
+    #: Attention kind -> how it is captured and relaunched.
+    layouts: Mapping[str, TaskLayout]
+    #: Parameters of the stock ``update_graph_params`` (how the update seam is called).
+    update_params: tuple[str, ...]
+    #: (module, function) of each stock per-role GraphParams accessor: target, draft, prefill.
+    graph_params: tuple[tuple[str, str], ...]
+    verify_interceptors: tuple[Interceptor, ...] = field(default_factory=tuple)

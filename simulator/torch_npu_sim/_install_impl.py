@@ -18,13 +18,14 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import atb, lifetimes, runtime
 from . import engine as engine_shims
-from . import runtime
 from .runtime import SimulatorError
 
 _MODULE: types.ModuleType | None = None
-#: The torch-npu release the simulator stands in for (vllm-ascend 0.23.0.post1 pins it), marked.
-SIM_VERSION = "2.10.0.post4+sim"
+#: The torch-npu release the simulator stands in for (vllm-ascend 0.23.0.post1 pins it): the
+#: same string (it enters vllm-ascend's compile-cache key); ``torch_npu.__simulated__`` marks us.
+SIM_VERSION = "2.10.0.post4"
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -195,6 +196,7 @@ def _unsupported_op(name: str) -> Callable[..., Any]:
 
     op.__name__ = name
     op.__qualname__ = name
+    op.sim_unsupported = True  # type: ignore[attr-defined]
     return op
 
 
@@ -219,8 +221,11 @@ def _npu_namespace(torch: Any) -> dict[str, Any]:
     total = 64 * 1024**3
 
     @contextlib.contextmanager
-    def device(_d: Any = None) -> Iterator[None]:
+    def device(device: Any) -> Iterator[None]:
         yield
+
+    def set_device(device: Any) -> None:
+        return None
 
     def get_device_properties(_d: Any = None) -> _DeviceProperties:
         return _DeviceProperties(
@@ -257,7 +262,7 @@ def _npu_namespace(torch: Any) -> dict[str, Any]:
         "init": lambda: None,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
-        "set_device": lambda _d=None: None,
+        "set_device": set_device,
         "device": device,
         "get_device_name": lambda _d=None: "Ascend910B1 (simulated)",
         "get_device_properties": get_device_properties,
@@ -360,9 +365,33 @@ class _ProcessGroupHCCL:
         raise SimulatorError("ProcessGroupHCCL is not simulated (use gloo on CPU)")
 
 
-def _weak_ref_tensor(tensor: Any) -> Any:
-    """CPU stand-in: the tensor itself (same storage, same address; no ownership games)."""
-    return tensor
+def _get_npu_format(input: Any) -> int:
+    return int(Format.ND)
+
+
+def _npu_format_cast(
+    input: Any,
+    acl_format: int,
+    *,
+    customize_dtype: int | None = None,
+    input_dtype: int | None = None,
+) -> Any:
+    return input  # every tensor is ND on CPU
+
+
+def _empty_with_format(
+    size: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: bool | None = None,
+    acl_format: int = 2,
+    base_addr_aligned_kb: int | None = None,
+) -> Any:
+    import torch
+
+    return torch.empty(size, dtype=dtype)
 
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
@@ -377,8 +406,12 @@ def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
     return table, set(getattr(ops, "HOST_FUNCTIONS", set()))
 
 
-def _attach_ops(mod: types.ModuleType) -> None:
+def _attach_ops(mod: types.ModuleType, atb_module: types.ModuleType) -> None:
+    table, host = _reference_ops()
+    atb.build(mod, atb_module, table, host, _unsupported_op)  # the ATB ops: lazy, then swapped
     for name in _UNSIMULATED:
+        if name in atb.API_LIST:
+            continue
         if name in _UNSIMULATED_OUT:
             setattr(
                 mod,
@@ -392,10 +425,10 @@ def _attach_ops(mod: types.ModuleType) -> None:
         else:
             setattr(mod, name, runtime.make_op(name, _unsupported_op(name)))
     for name in _UNSIMULATED_HOST:
-        setattr(mod, name, _unsupported_op(name))
-    table, host = _reference_ops()
+        if name not in atb.API_LIST:
+            setattr(mod, name, _unsupported_op(name))
     for name, fn in table.items():
-        if name.endswith(".out"):
+        if name.endswith(".out") or name in atb.API_LIST:
             continue
         if name in host:
             setattr(mod, name, fn)
@@ -420,13 +453,11 @@ def _build(torch: Any) -> types.ModuleType:
         Format=Format,
         SimulatorError=SimulatorError,
         _sim_runtime=runtime,
-        get_npu_format=lambda _t: int(Format.ND),
-        npu_format_cast=lambda t, *_a, **_k: t,
-        empty_with_format=lambda size, *a, dtype=None, device=None, acl_format=None, **k: (
-            torch.empty(size, dtype=dtype)
-        ),
+        get_npu_format=_get_npu_format,
+        npu_format_cast=_npu_format_cast,
+        empty_with_format=_empty_with_format,
     )
-    _attach_ops(mod)
+    _attach_ops(mod, _module("torch_npu.atb", package=True))
     npu = _module("torch_npu.npu", package=True, **_npu_namespace(torch))
     _module(
         "torch_npu.npu.memory",
@@ -454,7 +485,7 @@ def _build(torch: Any) -> types.ModuleType:
         "torch_npu._C",
         package=True,
         _NPUTaskGroupHandle=runtime._NPUTaskGroupHandle,
-        _weak_ref_tensor=_weak_ref_tensor,
+        _weak_ref_tensor=lifetimes.weak_ref_tensor,
     )
     _module("torch_npu._C._distributed_c10d", ProcessGroupHCCL=_ProcessGroupHCCL)
     _module(
@@ -478,11 +509,13 @@ def _build(torch: Any) -> types.ModuleType:
     )
     _module("torch_npu.op_plugin", package=True)
     _module("torch_npu.op_plugin.atb", package=True)
-    _module("torch_npu.op_plugin.atb._atb_ops", _register_atb_extensions=lambda: None)
     _module(
-        "torch_npu.atb",
-        package=True,
-        npu_paged_cache_load=_unsupported_op("atb.npu_paged_cache_load"),
+        "torch_npu.op_plugin.atb._atb_ops",
+        API_LIST=list(atb.API_LIST),
+        ATB_API_LIST=list(atb.ATB_API_LIST),
+        _register_atb_extensions=atb._register_atb_extensions,
+        _patch_atb_ops=atb._patch_atb_ops,
+        _patch_atb_and_loadso=atb._patch_atb_and_loadso,
     )
     _module("torch_npu.multiprocessing", package=True)
 

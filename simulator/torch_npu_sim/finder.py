@@ -69,11 +69,6 @@ def setting(environ: dict[str, str] | None = None) -> tuple[str, str]:
     return ENV_VAR, ""
 
 
-def requested(environ: dict[str, str] | None = None) -> bool:
-    """Whether the environment asks for the simulator (``1``, ``on`` or ``true``)."""
-    return setting(environ)[1].strip().lower() in ON_VALUES
-
-
 def is_active() -> bool:
     return any(isinstance(f, SimTorchNpuFinder) for f in sys.meta_path)
 
@@ -106,8 +101,3 @@ def activate_from_env(environ: dict[str, str] | None = None) -> bool:
             "the simulator; 0, off, false or empty (the default) to leave it alone"
         )
     return False
-
-
-def deactivate() -> None:
-    """Remove the finder (``sys.modules`` entries already made stay)."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, SimTorchNpuFinder)]

@@ -6,8 +6,9 @@ lengths or block tables must give a *different answer*, not merely "run". The si
 records these callables as graph tasks and calls them at replay, so every op reads its tensor
 arguments (lengths, block tables, caches) at call time.
 
-Argument names and positions follow what vllm-ascend 0.23.0.post1 passes
-(``attention/attention_v1.py`` and ``device/device_op.py``).
+Names, argument order, keyword-only markers, defaults and returns are those of the schemas
+registered by torch-npu 2.10.0.post4 (``tests/fixtures/torch_npu_2.10.0.post4.json``, checked by
+``tests/test_torch_npu_conformance.py``); every vllm-ascend 0.23.0.post1 call site binds to them.
 Math is computed in float32 and cast to the output dtype.
 
 Modelled: layouts TND / BNSD / BSND / BSH (and split ``IN_OUT`` forms such as ``BNSD_NBSD``,
@@ -35,9 +36,12 @@ Conventions chosen where the NPU documentation is the only reference:
 - A sink is one extra per-query-head logit in the softmax denominator (GPT-OSS); LSE includes it.
 - ``.out`` variants write LSE only if the given tensor has one element per (token, head); the
   1-element placeholder vllm-ascend allocates is left untouched.
-- Workspace getters return a uint8 tensor whose size depends only on shapes (query size), never
-  on sequence lengths, so a workspace captured once fits every replay of the same shapes. Ops
-  given a smaller workspace raise, like a kernel that would overrun it.
+- The FIA getters (``*_get_max_workspace``) size a workspace from shapes only (the maximum over
+  every sequence length), so the workspace captured once fits every replay of the same shapes.
+  The PA getter receives the block table and the context lengths, and its size grows with them
+  (batch, longest context, blocks per request) as well as with the query, caches and output: a
+  PA workspace computed for one step's lengths may be too small for another step's. Ops given a
+  smaller workspace than their own arguments need raise, like a kernel that would overrun it.
 
 Not modelled (raise NotImplementedError if given non-None): pse_shift / pse, quantised outputs,
 dequant of quantised queries, shared prefixes, per-token antiquant (mode != 0), dropout.
@@ -56,6 +60,7 @@ SeqLens = Sequence[int] | Tensor | None
 
 INT_MAX = 2147483647
 _WORKSPACE_ALIGN = 512
+_PA_WORKSPACE_ALIGN = 32  # fine enough that every input of the PA size shows in it
 
 
 # --------------------------------------------------------------------------------------------------
@@ -827,9 +832,14 @@ def npu_fused_infer_attention_score_out(
 def _npu_fused_infer_attention_score_get_max_workspace(
     query: Tensor, key: Tensor, value: Tensor, **kwargs: Any
 ) -> Tensor:
-    """Host-side workspace getter; same keywords as the op (validated against its signature)."""
+    """Host-side workspace getter; the op's parameters (its registered schema), bound as such."""
     _bind(npu_fused_infer_attention_score, query, key, value, kwargs)
     return _new_workspace(query, kwargs.get("query_rope"))
+
+
+_npu_fused_infer_attention_score_get_max_workspace.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    npu_fused_infer_attention_score
+).replace(return_annotation="Tensor")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -924,6 +934,7 @@ def npu_fused_infer_attention_score_v2(
     dequant_scale_key_rope: Tensor | None = None,
     quant_scale_out: Tensor | None = None,
     quant_offset_out: Tensor | None = None,
+    quant_scale_p: Tensor | None = None,
     learnable_sink: Tensor | None = None,
     num_query_heads: int = 1,
     num_key_value_heads: int = 0,
@@ -949,8 +960,10 @@ def npu_fused_infer_attention_score_v2(
     dequant_scale_key_dtype: Any = None,
     dequant_scale_value_dtype: Any = None,
     dequant_scale_key_rope_dtype: Any = None,
+    out_dtype: Any = None,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA v2 (``learnable_sink`` = GPT-OSS sinks); returns ``(out, softmax_lse)``."""
+    _reject(quant_scale_p=quant_scale_p, out_dtype=out_dtype)
     res, lse = _fia_v2_body(
         query,
         key,
@@ -1006,6 +1019,7 @@ def npu_fused_infer_attention_score_v2_out(
     dequant_scale_key_rope: Tensor | None = None,
     quant_scale_out: Tensor | None = None,
     quant_offset_out: Tensor | None = None,
+    quant_scale_p: Tensor | None = None,
     learnable_sink: Tensor | None = None,
     num_query_heads: int = 1,
     num_key_value_heads: int = 0,
@@ -1031,10 +1045,12 @@ def npu_fused_infer_attention_score_v2_out(
     dequant_scale_key_dtype: Any = None,
     dequant_scale_value_dtype: Any = None,
     dequant_scale_key_rope_dtype: Any = None,
+    out_dtype: Any = None,
     workspace: Tensor | None = None,
     out: Sequence[Tensor],
 ) -> tuple[Tensor, Tensor]:
     """``npu_fused_infer_attention_score_v2.out``: writes ``out=[attention_out, softmax_lse]``."""
+    _reject(quant_scale_p=quant_scale_p, out_dtype=out_dtype)
     _check_workspace(workspace, query, query_rope)
     res, lse = _fia_v2_body(
         query,
@@ -1074,9 +1090,14 @@ def npu_fused_infer_attention_score_v2_out(
 def _npu_fused_infer_attention_score_v2_get_max_workspace(
     query: Tensor, key: Tensor, value: Tensor, **kwargs: Any
 ) -> Tensor:
-    """Host-side v2 workspace getter; same keywords as the op (validated against its signature)."""
+    """Host-side v2 workspace getter; the op's parameters (its registered schema), bound as such."""
     _bind(npu_fused_infer_attention_score_v2, query, key, value, kwargs)
     return _new_workspace(query, kwargs.get("query_rope"))
+
+
+_npu_fused_infer_attention_score_v2_get_max_workspace.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    npu_fused_infer_attention_score_v2
+).replace(return_annotation="Tensor")
 
 
 def _bind(fn: Callable[..., Any], query: Tensor, key: Tensor, value: Tensor, kw: dict) -> None:
@@ -1124,6 +1145,49 @@ def _pa_compute(
     return full
 
 
+def _context_lens_tensor(context_lens: Any, op: str) -> Tensor:
+    """The registered schemas type ``context_lens`` as ``Tensor``: a list is a TypeError."""
+    if not isinstance(context_lens, Tensor):
+        raise TypeError(
+            f"{op}(): argument 'context_lens' (position 8) must be Tensor, not "
+            f"{type(context_lens).__name__}"
+        )
+    return context_lens
+
+
+def _pa_workspace_bytes(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+    block_table: Tensor,
+    context_lens: Tensor,
+    out: Tensor,
+) -> int:
+    """What a PA launch needs: grows with every argument the real getter can size it from.
+
+    Query and output staging, per (request, head) partial results over the longest context
+    (rounded up to a block), one block of each cache, and the block table itself.
+    """
+    lens = _lens(context_lens)
+    batch = lens.numel()
+    block_size = key_cache.shape[1] if key_cache.dim() >= 2 else 1
+    longest = int(lens.max()) if batch else 0
+    span = -(-max(longest, 1) // block_size) * block_size
+    per_block = max(key_cache[0].numel(), 1) if key_cache.shape[0] else 1
+    size = (
+        4 * query.numel()
+        + out.element_size() * out.numel()
+        + 4 * batch * max(num_heads, 1) * span
+        + key_cache.element_size() * per_block
+        + value_cache.element_size() * max(value_cache[0].numel() if value_cache.shape[0] else 1, 1)
+        + 8 * block_table.numel()
+        + 4 * max(num_kv_heads, 1)
+    )
+    return -(-size // _PA_WORKSPACE_ALIGN) * _PA_WORKSPACE_ALIGN
+
+
 def _npu_paged_attention(
     query: Tensor,
     key_cache: Tensor,
@@ -1132,16 +1196,27 @@ def _npu_paged_attention(
     num_heads: int,
     scale_value: float,
     block_table: Tensor,
-    context_lens: SeqLens,
+    context_lens: Tensor,
     out: Tensor,
+    *,
     workspace: Tensor | None = None,
-) -> Tensor:
+) -> None:
     """ATB paged decode attention: one query token per request, ``len(context_lens)`` requests.
 
     Caches are ``(num_blocks, block_size, num_kv_heads, head_dim)``; rows of ``out`` past the
-    last request are zeroed.
+    last request are zeroed. Writes ``out`` and returns nothing (``-> ()``).
     """
-    _check_workspace(workspace, query)
+    _context_lens_tensor(context_lens, "_npu_paged_attention")
+    if workspace is not None:
+        need = _pa_workspace_bytes(
+            query, key_cache, value_cache, num_kv_heads, num_heads, block_table, context_lens, out
+        )
+        have = workspace.numel() * workspace.element_size()
+        if have < need:
+            raise RuntimeError(
+                f"sim ops: PA workspace of {have} bytes is smaller than the {need} this launch "
+                "needs (it was sized for other lengths, block table or shapes)"
+            )
     res = _pa_compute(
         query,
         key_cache,
@@ -1153,7 +1228,6 @@ def _npu_paged_attention(
         context_lens,
     )
     _write(out, res, "out")
-    return out
 
 
 def _npu_paged_attention_get_workspace(
@@ -1164,11 +1238,15 @@ def _npu_paged_attention_get_workspace(
     num_heads: int,
     scale_value: float,
     block_table: Tensor,
-    context_lens: SeqLens,
+    context_lens: Tensor,
     out: Tensor,
 ) -> Tensor:
-    """Host-side PA workspace getter (shape-only size)."""
-    return _new_workspace(query)
+    """Host-side PA workspace getter: sized from the shapes, the block table and the lengths."""
+    _context_lens_tensor(context_lens, "_npu_paged_attention_get_workspace")
+    size = _pa_workspace_bytes(
+        query, key_cache, value_cache, num_kv_heads, num_heads, block_table, context_lens, out
+    )
+    return torch.empty(size, dtype=torch.uint8, device=query.device)
 
 
 def _slots(slot_mapping: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -1201,12 +1279,21 @@ def npu_scatter_pa_kv_cache(
     slot_mapping: Tensor,
     *,
     compress_lens: Tensor | None = None,
-    compress_seq_offset: Tensor | None = None,
+    compress_seq_offsets: Tensor | None = None,
     seq_lens: Tensor | None = None,
-    cache_mode: str = "Norm",
+    cache_mode: str | None = "PA_NZ",
 ) -> None:
-    """KV cache scatter used by the C8 (NZ 5-D cache) and A5 (4-D "Norm" cache) paths."""
-    _reject(compress_lens=compress_lens, compress_seq_offset=compress_seq_offset)
+    """KV cache scatter: ``PA_NZ`` (the default, the C8 path) writes the NZ 5-D cache view,
+    ``Norm`` (the A5 path) a ``(num_blocks, block_size, ...)`` cache."""
+    _reject(compress_lens=compress_lens, compress_seq_offsets=compress_seq_offsets)
+    mode = cache_mode or "PA_NZ"
+    if mode not in ("PA_NZ", "Norm"):
+        raise NotImplementedError(f"sim ops: cache_mode {cache_mode!r} is not modelled")
+    if any((cache.dim() == 5) != (mode == "PA_NZ") for cache in (key_cache, value_cache)):
+        raise ValueError(
+            f"cache_mode {mode!r} needs {'NZ 5-D' if mode == 'PA_NZ' else 'ND'} caches, got "
+            f"{tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
     n = key.shape[0]
     if slot_mapping.numel() < n:
         raise ValueError(f"{slot_mapping.numel()} slots for {n} tokens")
@@ -1249,14 +1336,20 @@ def npu_fusion_attention(
     sparse_mode: int = 0,
     gen_mask_parallel: bool = True,
     sync: bool = False,
-    **_ignored: Any,
+    softmax_layout: str = "",
+    sink: Tensor | None = None,
+    dropout_mask: Tensor | None = None,
+    seed: int = 0,
+    offset: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
     """Dense FA: TND lengths are cumulative for both q and kv.
 
     Returns ``(out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)`` where the
     max/sum pair is ``(lse, 1)`` broadcast to ``(..., 8)``: equivalent for recombination.
     """
-    _reject(pse=pse, padding_mask=padding_mask, prefix=prefix)
+    _reject(pse=pse, padding_mask=padding_mask, prefix=prefix, sink=sink, dropout_mask=dropout_mask)
+    if softmax_layout:
+        raise NotImplementedError("sim ops: softmax_layout is not modelled")
     if keep_prob != 1.0:
         raise NotImplementedError("sim ops: dropout (keep_prob < 1) is not modelled")
     nkv = head_num

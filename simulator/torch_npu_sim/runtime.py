@@ -37,6 +37,8 @@ from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from . import lifetimes
+
 
 class SimulatorError(RuntimeError):
     """A misuse that real hardware would punish (error, hang or deadlock)."""
@@ -56,7 +58,7 @@ class _State:
         self.update_handle: _NPUTaskGroupHandle | None = None
         self.update_done = False
         self.executing = 0  # >0 while the runtime itself runs tasks (no recording)
-        self.default_stream = Stream(_default=True)
+        self.default_stream = Stream._make_default()
         self.current_stream = self.default_stream
         self.busy: list[Stream] = []  # streams with queued work, in launch order
         self.counters = dict.fromkeys(_COUNTER_NAMES, 0)
@@ -120,7 +122,7 @@ def null_cost(enabled: bool = True) -> Iterator[None]:
 class _Task:
     """One unit of device work: a callable with its (replaceable) launch arguments."""
 
-    __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim")
+    __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim", "weak")
     kind = "op"
 
     def __init__(
@@ -139,6 +141,7 @@ class _Task:
         # its own outputs (in-place / out= / simulated NPU op) and the result is dropped.
         self.outputs = outputs
         self.sim = False  # a simulated NPU op (the one a task-group update may replace)
+        self.weak = lifetimes.weak_args(args, kwargs)  # non-owning arguments (checked at run)
 
     def ready(self) -> bool:
         return True
@@ -231,16 +234,20 @@ def _noop(*_a: Any, **_k: Any) -> None:
 class Stream:
     """A simulated NPU stream: an ordering token with a queue for blocked work."""
 
-    def __init__(
-        self, device: Any = None, priority: int = 0, _default: bool = False, **_kw: Any
-    ) -> None:
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.priority = priority
         self.device = torch.device("cpu")
         self._queue: deque[_Task] = deque()
         self._launched = 0
         self._completed = 0
-        self._default = _default
+        self._default = False
         self.npu_stream = id(self)
+
+    @classmethod
+    def _make_default(cls) -> Stream:
+        stream = cls()
+        stream._default = True
+        return stream
 
     # Launch ``task`` after everything queued on this stream (runs now if nothing is queued).
     def _launch(self, task: _Task) -> None:
@@ -283,6 +290,9 @@ class Stream:
     def query(self) -> bool:
         return not self._queue
 
+    def set_data_preprocess_stream(self, is_data_preprocess_stream: bool = False) -> None:
+        return None
+
     def __repr__(self) -> str:
         name = "default" if self._default else hex(id(self))
         return f"<sim npu Stream {name} queued={len(self._queue)}>"
@@ -292,11 +302,7 @@ class Event:
     """Plain ``torch.npu.Event``: a marker at a stream position."""
 
     def __init__(
-        self,
-        enable_timing: bool = False,
-        blocking: bool = False,
-        interprocess: bool = False,
-        **_kw: Any,
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> None:
         self._stream: Stream | None = None
         self._target = 0
@@ -375,6 +381,8 @@ class ExternalEvent:
 
 
 def _run_task(task: _Task) -> None:
+    if task.weak:
+        _check_owners(task.name, task.weak, "runs")
     _S.executing += 1
     try:
         with torch.inference_mode():
@@ -382,6 +390,17 @@ def _run_task(task: _Task) -> None:
     finally:
         _S.executing -= 1
     _S.counters["tasks_run"] += 1
+
+
+def _check_owners(name: str, weak: tuple[torch.Tensor, ...], what: str) -> None:
+    """A task must not touch memory whose owner is gone (the weak reference does not own it)."""
+    freed = lifetimes.freed(weak)
+    if freed is not None:
+        raise SimulatorError(
+            f"use after free: task {name} {what} with a weak reference "
+            f"(torch_npu._C._weak_ref_tensor) whose owner was freed: {freed}. On hardware the "
+            "caching allocator may already have given that memory to another tensor."
+        )
 
 
 def _drain() -> None:
@@ -475,20 +494,22 @@ def default_stream(device: Any = None) -> Stream:
     return _S.default_stream
 
 
-def set_stream(stream: Stream) -> None:
-    _S.current_stream = stream
+def set_stream(stream: Stream | None) -> None:
+    """Make ``stream`` the current stream (``None``: no-op, as in torch_npu)."""
+    if stream is not None:
+        _S.current_stream = stream
 
 
 @contextlib.contextmanager
-def stream(s: Stream | None) -> Iterator[Stream | None]:
-    """Make ``s`` the current stream (``None``: no-op, as in torch)."""
-    if s is None:
-        yield s
+def stream(stream: Stream | None) -> Iterator[Stream | None]:
+    """Make ``stream`` the current stream for the block (``None``: no-op, as in torch_npu)."""
+    if stream is None:
+        yield stream
         return
     previous = _S.current_stream
-    _S.current_stream = s
+    _S.current_stream = stream
     try:
-        yield s
+        yield stream
     finally:
         _S.current_stream = previous
 
@@ -527,6 +548,8 @@ class _CaptureMode(TorchDispatchMode):
         if kind == "view" and _fresh_output(args, out):
             kind = "functional"  # e.g. aten.to.dtype under inference_mode: "may alias", copied
         if kind in ("skip", "view"):
+            if kind == "skip":
+                self.graph._reserved.append(out)  # graph-pool memory (see lifetimes)
             return out
         if kind == "mutating":
             self.graph._record(_Task(str(func), func, args, kwargs))
@@ -582,16 +605,33 @@ def _fresh_output(args: tuple, out: Any) -> bool:
     return bool(outs) and all(t.untyped_storage().data_ptr() not in inputs for t in outs)
 
 
+# torch_npu's own messages for the two capture rules it enforces (libtorch_npu.so).
+CAPTURE_ON_DEFAULT_STREAM = (
+    "NPU graphs must be captured on a non-default stream. (However, after capture, it's ok to "
+    "replay them on the default stream.)"
+)
+CAPTURE_END_ON_OTHER_STREAM = "Capture must end on the same stream it began on."
+UPDATE_WITHOUT_AUTO_DISPATCH = (
+    "The current graph configuration does not support update,"
+    "Try to capture by setting auto_dispatch_capture=True during capture"
+)
+
+
 class NPUGraph:
     """A captured task list; ``replay()`` queues it on the current stream."""
 
-    def __init__(self, keep_graph: bool = False) -> None:
+    def __init__(self) -> None:
         self._tasks: list[_Task] = []
         self._groups: dict[int, list[_Task]] = {}
         self._captured = False
         self._pool: tuple[int, int] | None = None
         self._last: tuple[Stream, int] | None = None  # stream and target of the last replay
+        self._capture_stream: Stream | None = None
+        # Memory allocated while capturing: the graph's private pool keeps it for the graph even
+        # after the tensors that held it are gone (their weak references stay owned).
+        self._reserved: list[torch.Tensor] = []
         self._id = next(_graph_ids)
+        self.auto_dispatch_capture = False
 
     def _record(self, task: _Task) -> None:
         if _S.group is not None:
@@ -603,6 +643,9 @@ class NPUGraph:
             raise SimulatorError("nested graph capture: a graph is already capturing")
         if self._captured:
             raise SimulatorError("NPUGraph.capture_begin on an already captured graph (reset it)")
+        if _S.current_stream._default:
+            raise SimulatorError(CAPTURE_ON_DEFAULT_STREAM)
+        self._capture_stream = _S.current_stream
         self._pool = pool if pool is not None else graph_pool_handle()
         _S.capturing = self
         _S.capture_mode = _CaptureMode(self)
@@ -613,8 +656,12 @@ class NPUGraph:
             raise SimulatorError("NPUGraph.capture_end without a matching capture_begin")
         if _S.group is not None:
             raise SimulatorError("capture ended inside an open graph task group")
+        wrong_stream = _S.current_stream is not self._capture_stream
         mode, _S.capture_mode, _S.capturing = _S.capture_mode, None, None
         mode.__exit__(None, None, None)
+        if wrong_stream:  # the capture is abandoned (hardware leaves it open: a broken stream)
+            self._tasks.clear()
+            raise SimulatorError(CAPTURE_END_ON_OTHER_STREAM)
         self._captured = True
         _S.counters["captures"] += 1
 
@@ -646,6 +693,7 @@ class NPUGraph:
 
     def reset(self) -> None:
         self._tasks.clear()
+        self._reserved.clear()
         for gid in self._groups:
             _HANDLES.pop(gid, None)
         self._groups.clear()
@@ -655,10 +703,16 @@ class NPUGraph:
     def pool(self) -> tuple[int, int] | None:
         return self._pool
 
+    def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
+        """torch_npu's declarative update; only graphs captured with auto-dispatch have one."""
+        if not self.auto_dispatch_capture:
+            raise RuntimeError(UPDATE_WITHOUT_AUTO_DISPATCH)
+        raise SimulatorError("NPUGraph.update (auto_dispatch_capture) is not simulated")
+
     def enable_debug_mode(self) -> None:
         return None
 
-    def debug_dump(self, debug_path: str | None = None) -> None:
+    def debug_dump(self, debug_path: str) -> None:
         return None
 
     def __repr__(self) -> str:
@@ -670,7 +724,11 @@ def graph_pool_handle() -> tuple[int, int]:
 
 
 class graph:  # noqa: N801 - torch API name
-    """``torch.npu.graph(g, pool=None, stream=None)``: capture on ``stream`` (a side stream)."""
+    """``torch.npu.graph(g, pool=None, stream=None, ...)``: capture on ``stream`` (a side stream).
+
+    ``auto_dispatch_capture=True`` (torch_npu's own task-group framework, which vllm-ascend
+    0.23 does not use) is not simulated: entering such a capture raises.
+    """
 
     default_capture_stream: Stream | None = None
 
@@ -679,6 +737,7 @@ class graph:  # noqa: N801 - torch API name
         npu_graph: NPUGraph,
         pool: Any = None,
         stream: Stream | None = None,
+        auto_dispatch_capture: bool = False,
         capture_error_mode: str = "global",
     ) -> None:
         if stream is None:
@@ -689,9 +748,12 @@ class graph:  # noqa: N801 - torch API name
         self.pool = pool
         self.capture_stream = stream
         self.capture_error_mode = capture_error_mode
+        self.npu_graph.auto_dispatch_capture = auto_dispatch_capture
         self._previous: Stream | None = None
 
     def __enter__(self) -> None:
+        if self.npu_graph.auto_dispatch_capture:
+            raise SimulatorError("torch.npu.graph(auto_dispatch_capture=True) is not simulated")
         synchronize()
         self._previous = _S.current_stream
         _S.current_stream = self.capture_stream
@@ -733,7 +795,7 @@ class _NPUTaskGroupHandle:
 _HANDLES: dict[int, tuple[NPUGraph | None, list[_Task]]] = {}
 
 
-def graph_task_group_begin(stream: Stream | None = None) -> None:
+def graph_task_group_begin(stream: Stream) -> None:
     if _S.null_cost:
         _S.group = []
         return
@@ -744,7 +806,7 @@ def graph_task_group_begin(stream: Stream | None = None) -> None:
     _S.group = []
 
 
-def graph_task_group_end(stream: Stream | None = None) -> _NPUTaskGroupHandle:
+def graph_task_group_end(stream: Stream) -> _NPUTaskGroupHandle:
     if _S.group is None:
         raise SimulatorError("graph_task_group_end without graph_task_group_begin")
     tasks, _S.group = _S.group, None
@@ -756,7 +818,7 @@ def graph_task_group_end(stream: Stream | None = None) -> _NPUTaskGroupHandle:
     return handle
 
 
-def graph_task_update_begin(stream: Stream | None, handle: _NPUTaskGroupHandle) -> None:
+def graph_task_update_begin(stream: Stream, handle: _NPUTaskGroupHandle) -> None:
     if _S.null_cost:
         _S.update_handle = handle
         return
@@ -772,7 +834,7 @@ def graph_task_update_begin(stream: Stream | None, handle: _NPUTaskGroupHandle) 
     _S.update_done = False
 
 
-def graph_task_update_end(stream: Stream | None = None) -> None:
+def graph_task_update_end(stream: Stream) -> None:
     if _S.null_cost:
         _S.update_handle = None
         _S.counters["updates"] += 1
@@ -799,7 +861,11 @@ def _apply_update(name: str, args: tuple, kwargs: dict) -> None:
             f"update-scope op mismatch: task group {handle!r} captured {task.name!r}, "
             f"the update launched {name!r}"
         )
+    weak = lifetimes.weak_args(args, kwargs)
+    if weak:
+        _check_owners(name, weak, "is relaunched")
     task.args, task.kwargs = args, freeze_host_args(name, kwargs)
+    task.weak = weak
     _S.update_done = True
 
 
@@ -814,6 +880,23 @@ HOST_ARGS: dict[str, tuple[str, ...]] = {
     "npu_fused_infer_attention_score_v2": ("actual_seq_qlen", "actual_seq_kvlen"),
     "_npu_paged_attention": ("context_lens",),
 }
+
+
+# Launch arguments the registered schema types as ``Tensor`` (name, position) where a caller could
+# pass a list: the dispatcher rejects that at the call, so every launch path checks them.
+TENSOR_ARGS: dict[str, tuple[tuple[str, int], ...]] = {
+    "_npu_paged_attention": (("context_lens", 7),),
+}
+
+
+def _check_tensor_args(name: str, spec: tuple[tuple[str, int], ...], args: tuple, kw: dict) -> None:
+    for arg, position in spec:
+        value = args[position] if len(args) > position else kw.get(arg)
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name}(): argument '{arg}' (position {position + 1}) must be Tensor, not "
+                f"{type(value).__name__}"
+            )
 
 
 def freeze_host_args(name: str, kwargs: dict) -> dict:
@@ -842,15 +925,18 @@ def _freeze(frozen: dict, names: tuple[str, ...]) -> None:
 class SimOp:
     """A simulated NPU op: one task when captured, an arg update inside an update scope."""
 
-    __slots__ = ("name", "fn", "out", "__wrapped__")
+    __slots__ = ("name", "fn", "out", "tensor_args", "__wrapped__")
 
     def __init__(self, name: str, fn: Callable[..., Any], out: SimOp | None = None) -> None:
         self.name = name
         self.fn = fn
         self.out = out
+        self.tensor_args = TENSOR_ARGS.get(name, ())
         self.__wrapped__ = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.tensor_args:
+            _check_tensor_args(self.name, self.tensor_args, args, kwargs)
         s = _S
         if s.update_handle is not None:
             s.counters["op_launches"] += 1

@@ -1,4 +1,7 @@
-"""Soak: one process, overlay on, every scenario in turn for >= 10,000 replay steps in total.
+"""Soak: one process, overlay on, every workload in turn for >= 10,000 replay steps in total.
+
+The workloads are names of the harness catalogue (default: the v1 target scenarios; any draft or v2
+name of ``ab --list`` can be added); each chunk is one ``run_arm`` on a fresh engine.
 
 Each step the overlay's graph output is checked against the eager run of the same batch
 (greedy tokens equal, logits within tolerance). A second, shorter pass in verify mode re-checks
@@ -16,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import sys
 import time
 from pathlib import Path
@@ -41,35 +43,30 @@ def _counters() -> dict[str, int]:
     return dict(status.snapshot().get("counters", {}))
 
 
-def _chunk(scenario: Any, steps: int, seed: int, atol: float, stats: dict[str, Any]) -> None:
-    """Run ``steps`` graph steps of one scenario, each checked against eager."""
-    from torch_npu_sim.harness.target import SimEngine
+def _chunk(name: str, steps: int, seed: int, atol: float, stats: dict[str, Any]) -> None:
+    """Run ``steps`` graph steps of one workload (a fresh engine), each checked against eager."""
+    from torch_npu_sim.harness import scenarios
+    from torch_npu_sim.workload import run_arm
 
-    rng = random.Random(seed)
-    with SimEngine(scenario) as engine:
-        embed = engine.model.embed
-        for _ in range(steps):
-            batch = engine.random_batch(rng)
-            try:
-                graph = engine.run_graph(batch) @ embed.T
-                eager = engine.run_eager(batch) @ embed.T
-            except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
-                key = "simulator_errors" if type(exc).__name__ == "SimulatorError" else "errors"
-                stats[key] += 1
-                stats.setdefault("first_error", f"{type(exc).__name__}: {exc}"[:300])
-                return
-            stats["steps"] += 1
-            diff = float((graph - eager).abs().max())
-            stats["max_abs"] = max(stats["max_abs"], diff)
-            if diff > atol or not bool((graph.argmax(-1) == eager.argmax(-1)).all()):
-                stats["mismatches"] += 1
+    arm = run_arm(lambda: scenarios.build(name), steps, seed)
+    stats["steps"] += arm.steps
+    stats["max_abs"] = max(stats["max_abs"], arm.max_eager_error)
+    stats["mismatches"] += sum(
+        1
+        for diff, tokens in zip(arm.eager_max_abs, arm.eager_token_mismatches, strict=True)
+        if diff > atol or tokens
+    )
+    if arm.error is not None:  # counted, the soak goes on
+        key = "simulator_errors" if arm.error_type == "SimulatorError" else "errors"
+        stats[key] += 1
+        stats.setdefault("first_error", arm.error[:300])
 
 
 def run(
     steps: int, chunk: int, verify_steps: int, seed: int, atol: float, names: list[str]
 ) -> dict[str, Any]:
     from ascend_graph_patch import activation
-    from torch_npu_sim.harness.scenarios import SCENARIOS
+    from torch_npu_sim.harness.scenarios import CATALOGUE
 
     activation.enable("on")
     started = time.time()
@@ -91,7 +88,7 @@ def run(
             if n <= 0:
                 break
             before = per[name]["steps"]
-            _chunk(SCENARIOS[name], n, seed + cycle, atol, per[name])
+            _chunk(name, n, seed + cycle, atol, per[name])
             total += max(per[name]["steps"] - before, 1)
             per[name]["rss_mb"].append(round(rss_mb(), 1))
         cycle += 1
@@ -102,11 +99,11 @@ def run(
     activation.enable("verify")
     verify: dict[str, Any] = {}
     for name in names:
-        if not str(getattr(SCENARIOS[name], "stock", "ok")).startswith("ok"):
+        if CATALOGUE[name].stock != "ok":
             continue
         stats = {"steps": 0, "mismatches": 0, "errors": 0, "simulator_errors": 0, "max_abs": 0.0}
         before = _counters()
-        _chunk(SCENARIOS[name], verify_steps, seed, atol, stats)
+        _chunk(name, verify_steps, seed, atol, stats)
         after = _counters()
         stats["verify_updates"] = after.get("verify.updates", 0) - before.get("verify.updates", 0)
         stats["verify_mismatches"] = after.get("verify.mismatches", 0) - before.get(
@@ -156,7 +153,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify-steps", type=int, default=40, help="steps per scenario in the verify pass"
     )
-    parser.add_argument("--scenarios", default=None, help="comma-separated (default: all)")
+    parser.add_argument(
+        "--scenarios",
+        default=None,
+        help="comma-separated workload names, any of `ab --list` (default: the v1 target ones)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=1e-3)
     parser.add_argument("--out", default="soak-result.json")
@@ -164,10 +165,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(ns: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from torch_npu_sim.harness.scenarios import SCENARIOS
+    from torch_npu_sim.harness.scenarios import CATALOGUE, SCENARIOS
 
     names = [s for s in (ns.scenarios or ",".join(SCENARIOS)).split(",") if s]
-    unknown = [n for n in names if n not in SCENARIOS]
+    unknown = [n for n in names if n not in CATALOGUE]
     if unknown or ns.steps < 1 or ns.chunk < 1:
         print(f"soak: error: bad arguments (unknown scenarios: {unknown})", file=sys.stderr)
         return 2

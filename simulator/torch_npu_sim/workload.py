@@ -12,7 +12,8 @@ The contract an engine keeps:
 - ``run(batch, graph=False)`` and ``run(batch, graph=True)`` of one batch see the same inputs and
   the same state (KV cache included): the two runs are comparable, whichever comes first;
 - ``run`` raises what the engine raises (a stock update that crashes is an arm's *result*, not a
-  harness error); :func:`run_arm` records it and stops the arm;
+  harness error); :func:`run_arm` records it and stops the arm (an error in the caller's own
+  hooks is the caller's: it propagates);
 - ``close`` releases every graph and every process-global the engine set, so the next engine in
   the process starts clean, even after an error.
 """
@@ -37,6 +38,9 @@ class StepOutput:
     values: torch.Tensor | None
     #: Greedy tokens, one list per real request.
     tokens: list[list[int]]
+    #: What the tokens are the argmax of: (requests, tokens per request, vocab), where the engine
+    #: has it (near ties between graph and eager are judged on it; the A/B worker saves it).
+    logits: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -71,8 +75,11 @@ class ArmResult:
     outputs: list[StepOutput] = field(default_factory=list)
     #: Per step, max |graph - eager| over the values (when compared against eager).
     eager_max_abs: list[float] = field(default_factory=list)
-    #: Per step, rows whose greedy token differs from eager's.
+    #: Per step, requests whose greedy tokens differ from eager's (near ties excepted).
     eager_token_mismatches: list[int] = field(default_factory=list)
+    #: Per step, requests whose tokens differ only where eager's top two logits are within
+    #: ``tie_atol`` (a flip rounding alone can cause).
+    eager_near_ties: list[int] = field(default_factory=list)
     #: ``"<Type>: <message>"`` of the exception that stopped the arm, or None.
     error: str | None = None
     error_type: str | None = None
@@ -98,51 +105,106 @@ def run_arm(
     eager: bool = True,
     before_steps: Callable[[Workload], None] | None = None,
     on_step: StepHook | None = None,
+    after_steps: Callable[[Workload], None] | None = None,
     graph: bool = True,
+    tie_atol: float = 0.0,
 ) -> ArmResult:
     """Build a workload, capture, then run ``steps`` batches; close it whatever happens.
 
     ``eager``: also run each batch eagerly (first) and compare. ``before_steps``: called after
     capture (tests tamper with owned graphs there). ``on_step``: called after each step with the
-    workload, the step index, the batch and the graph output. ``graph=False`` runs the arm eagerly
-    only (an eager reference arm). An exception from the engine ends the arm and is recorded;
-    build failures propagate (there is no arm to record then).
+    workload, the step index, the batch and the graph output. ``after_steps``: called before
+    close, also after an error (read what dies with the engine: owned graphs, counters).
+    ``graph=False`` runs the arm eagerly only (an eager reference arm). ``tie_atol``: see
+    ``ArmResult.eager_near_ties``. An exception from the engine ends the arm and is recorded;
+    build failures and exceptions from the hooks propagate (they are not the arm's result).
     """
     workload = build()
     result = ArmResult(name=workload.name)
     rng = random.Random(seed)
     try:
-        if graph:
-            workload.capture()
-        if before_steps is not None:
+        ready = _attempt(result, workload.capture) is not _FAILED if graph else True
+        if ready and before_steps is not None:
             before_steps(workload)
-        for step in range(steps):
-            batch = workload.next_batch(rng)
-            reference = workload.run(batch, graph=False) if eager or not graph else None
-            out = workload.run(batch, graph=True) if graph else reference
-            assert out is not None
-            result.outputs.append(out)
-            if eager and graph and reference is not None:
-                compare(out, reference, result)
+        for step in range(steps if ready else 0):
+            taken = _attempt(result, _take_step, workload, rng, eager, graph, tie_atol, result)
+            if taken is _FAILED:
+                break
             result.steps = step + 1
             if on_step is not None:
-                on_step(workload, step, batch, out)
-    except Exception as exc:
-        result.error_type = type(exc).__name__
-        result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        result.traceback = traceback.format_exc()
+                on_step(workload, step, *taken)
+        if after_steps is not None:
+            after_steps(workload)
     finally:
         workload.close()
     return result
 
 
-def compare(out: StepOutput, reference: StepOutput, result: ArmResult) -> None:
+_FAILED = object()
+
+
+def _attempt(result: ArmResult, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call into the engine: what it returns, or ``_FAILED`` with the exception recorded."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        result.error_type = type(exc).__name__
+        result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        result.traceback = traceback.format_exc()
+        return _FAILED
+
+
+def _take_step(
+    workload: Workload,
+    rng: random.Random,
+    eager: bool,
+    graph: bool,
+    tie_atol: float,
+    result: ArmResult,
+) -> tuple[Any, StepOutput]:
+    """Draw a batch, run it (eagerly first, when compared), record the graph output."""
+    batch = workload.next_batch(rng)
+    reference = workload.run(batch, graph=False) if eager or not graph else None
+    out = workload.run(batch, graph=True) if graph else reference
+    assert out is not None
+    result.outputs.append(out)
+    if eager and graph and reference is not None:
+        compare(out, reference, result, tie_atol)
+    return batch, out
+
+
+def compare(out: StepOutput, reference: StepOutput, result: ArmResult, tie_atol: float) -> None:
     """Record one step's distance from the eager reference into ``result``."""
     if out.values is not None and reference.values is not None:
-        diff = (out.values.float() - reference.values.float()).abs()
-        result.eager_max_abs.append(float(diff.max()) if diff.numel() else 0.0)
-    mismatches = sum(a != b for a, b in zip(out.tokens, reference.tokens, strict=True))
+        if out.values.shape != reference.values.shape:  # never compared by broadcasting
+            result.eager_max_abs.append(float("inf"))
+        else:
+            diff = (out.values.float() - reference.values.float()).abs()
+            result.eager_max_abs.append(float(diff.max()) if diff.numel() else 0.0)
+    mismatches = ties = 0
+    for row, (a, b) in enumerate(zip(out.tokens, reference.tokens, strict=True)):
+        if a == b:
+            continue
+        if _near_tie(reference.logits, row, a, b, tie_atol):
+            ties += 1
+        else:
+            mismatches += 1
     result.eager_token_mismatches.append(mismatches)
+    result.eager_near_ties.append(ties)
+
+
+def _near_tie(
+    logits: torch.Tensor | None, row: int, a: list[int], b: list[int], atol: float
+) -> bool:
+    """Whether every position where ``a`` and ``b`` differ is a near tie of ``logits[row]``."""
+    if logits is None or atol <= 0 or len(a) != len(b):
+        return False
+    for pos, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            top2 = torch.topk(logits[row, pos].float(), 2).values
+            if float(top2[0] - top2[1]) > atol:
+                return False
+    return True
 
 
 def bitwise_equal(a: ArmResult, b: ArmResult) -> tuple[bool, str]:
@@ -154,6 +216,8 @@ def bitwise_equal(a: ArmResult, b: ArmResult) -> tuple[bool, str]:
             return False, f"step {step}: tokens {x.tokens} vs {y.tokens}"
         if (x.values is None) != (y.values is None):
             return False, f"step {step}: values present in one arm only"
+        if x.values is not None and x.values.shape != y.values.shape:
+            return False, f"step {step}: values of shape {x.values.shape} vs {y.values.shape}"
         if x.values is not None and not torch.equal(x.values, y.values):
             diff = float((x.values - y.values).abs().max())
             return False, f"step {step}: values differ by {diff:.3g}"

@@ -8,10 +8,12 @@ engine captures (tasks are registered at capture); the stock path is the unwrapp
 The three are interleaved round by round so drift hits all of them alike.
 
 Target kinds (FIA, FIA-v2, PA) update one task per layer under a target forward context. The
-``MTP k=3`` kind is the merged multi-step draft graph of ``sim.draft_harness`` (the real
+``MTP k=3`` kind is the merged multi-step draft graph of ``harness.draft`` (the real
 ``_run_merged_draft`` in a real ``ACLGraphWrapper(use_eagle=True)``): 3 tasks per draft layer,
 updated under a draft forward context with the arguments the proposer's
-``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included.
+``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included. Engines are built,
+captured and fed batches through the workload protocol; what is timed is the update call alone,
+inside the step's open forward context (``open_step``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _name(i: int) -> str:
 
 
 def _fia(layers: int, batches: tuple[int, ...]) -> Any:
-    from torch_npu_sim.harness.target import LayerSpec, Scenario
+    from torch_npu_sim.harness.spec import LayerSpec, Scenario
 
     return Scenario(
         name=f"bench_fia_{layers}",
@@ -51,7 +53,7 @@ def _fia(layers: int, batches: tuple[int, ...]) -> Any:
 
 
 def _fia_v2(layers: int, batches: tuple[int, ...]) -> Any:
-    from torch_npu_sim.harness.target import LayerSpec, Scenario
+    from torch_npu_sim.harness.spec import LayerSpec, Scenario
 
     return Scenario(
         name=f"bench_fia_v2_{layers}",
@@ -64,7 +66,7 @@ def _fia_v2(layers: int, batches: tuple[int, ...]) -> Any:
 
 
 def _pa(layers: int, batches: tuple[int, ...]) -> Any:
-    from torch_npu_sim.harness.target import LayerSpec, Scenario
+    from torch_npu_sim.harness.spec import LayerSpec, Scenario
 
     return Scenario(
         name=f"bench_pa_{layers}",
@@ -81,8 +83,7 @@ MTP_STEPS = 3
 
 def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
     """A merged MTP draft of ``layers`` attention layers, 3 speculative tokens (one KV group)."""
-    from torch_npu_sim.harness.draft import DraftScenario, draft_layer
-    from torch_npu_sim.harness.target import LayerSpec
+    from torch_npu_sim.harness.spec import DraftScenario, LayerSpec, draft_layer
 
     return DraftScenario(
         name=f"bench_mtp_k{MTP_STEPS}_{layers}",
@@ -93,8 +94,8 @@ def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
     )
 
 
-#: kind -> scenario factory(layers, capture sizes). A factory returning a ``DraftScenario`` is
-#: built as a ``DraftEngine`` and measured as a draft update (see ``_DraftStep``).
+#: kind -> scenario factory(layers, capture sizes). A ``DraftScenario`` is built as a draft engine
+#: and measured as a draft update.
 KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
     "FIA": _fia,
     "FIA-v2": _fia_v2,
@@ -137,9 +138,9 @@ class BenchResult:
 
 def _prepare() -> None:
     from ascend_graph_patch import activation
-    from torch_npu_sim.harness.target import _Process
+    from torch_npu_sim.harness import process
 
-    _Process.ensure()  # simulator + vllm-ascend imported
+    process.ensure()  # simulator + vllm-ascend imported
     activation.enable("on")  # idempotent; installs at once (modules are loaded)
 
 
@@ -151,113 +152,28 @@ def _stock_update() -> Callable[..., Any]:
     return fn.__func__ if isinstance(fn, staticmethod) else fn
 
 
-class _Step:
-    """One decode step's forward context for a captured size, kept open while timing.
+def _source(step: Any) -> Any:
+    """What the overlay resolves the step's tasks from: per draft step, or the target's metadata."""
+    from ascend_graph_patch.core.graph import DraftSource, TargetSource
 
-    ``args`` are the positional arguments ``update_full_graph_params`` passes to
-    ``update_graph_params``; ``source`` is what the overlay resolves its tasks from.
-    """
-
-    steps = 1
-
-    def __init__(self, engine: Any, batch_size: int, rng: random.Random) -> None:
-        from vllm.config import set_current_vllm_config
-
-        self.engine = engine
-        batch = engine.random_batch(rng)
-        while batch.num_tokens_padded != batch_size:
-            batch = engine.random_batch(rng)
-        self.padded = batch_size
-        self._cfg = set_current_vllm_config(engine.vllm_config)
-        self._cfg.__enter__()
-        engine._load_inputs(batch, batch_size)
-        md = engine._metadata(
-            num_reqs=batch.num_reqs,
-            num_tokens_padded=batch_size,
-            seq_lens=batch.seq_lens,
-            mode=engine._full,
-            capturing=False,
-        )
-        self._ctx = engine._context(
-            md, batch_size, engine._full, engine._batch_descriptor(batch_size)
-        )
-        self._ctx.__enter__()
-        from vllm.forward_context import get_forward_context
-
-        self.fc = get_forward_context()
-        e = engine
-        self.args = (
-            e.update_stream,
-            self.fc,
-            batch_size,
-            e.vllm_config,
-            e.vllm_config.speculative_config,
-            batch_size,
-            None,
-        )
-        from ascend_graph_patch.core.graph import TargetSource
-
-        self.source: Any = TargetSource(self.fc.attn_metadata)
-
-    def close(self) -> None:
-        self._ctx.__exit__(None, None, None)
-        self._cfg.__exit__(None, None, None)
+    if step.draft_metadatas is not None:
+        return DraftSource(step.draft_metadatas)
+    return TargetSource(step.forward_context.attn_metadata)
 
 
-class _DraftStep(_Step):
-    """One propose call's draft forward context (``is_draft_model=True``), kept open.
-
-    Set up as ``DraftEngine.run_draft_graph`` does; ``args`` are what the proposer's
-    ``_update_full_graph_params`` hands on (``num_dcp_pcp_tokens`` None, the per-step metadata
-    list last), so stock takes its draft branch and the overlay its draft-source resolve.
-    """
-
-    def __init__(self, engine: Any, batch_size: int, rng: random.Random) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.forward_context import get_forward_context
-
-        from ascend_graph_patch.core.graph import DraftSource
-
-        self.engine = engine
-        self.steps = engine.draft.num_speculative_tokens
-        batch = engine.draft_batch(rng)
-        while batch.num_tokens_padded != batch_size:
-            batch = engine.draft_batch(rng)
-        self.padded = batch_size
-        self._cfg = set_current_vllm_config(engine.vllm_config)
-        self._cfg.__enter__()
-        engine._load(batch, batch_size)
-        per_step = engine._draft_metadata(batch, batch_size, True, False)
-        self._ctx = engine._draft_context(
-            per_step, batch_size, engine._full, engine._batch_descriptor(batch_size)
-        )
-        self._ctx.__enter__()
-        self.fc = get_forward_context()
-        p = engine.proposer
-        self.args = (
-            p.update_stream,
-            self.fc,
-            batch_size,
-            p.vllm_config,
-            p.vllm_config.speculative_config,
-            None,
-            per_step,
-        )
-        self.source = DraftSource(per_step)
-
-
-def _floor_fn(step: _Step) -> tuple[Callable[[], None], int]:
+def _floor_fn(step: Any) -> tuple[Callable[[], None], int]:
     """Bare runtime calls of one update with the overlay's arguments prebuilt once."""
     import torch
 
     from ascend_graph_patch.aspects.capture import current_role
     from ascend_graph_patch.core.registry import REGISTRY
 
-    owned = REGISTRY.lookup(current_role(step.fc), step.fc.batch_descriptor)
+    fc = step.forward_context
+    owned = REGISTRY.lookup(current_role(fc), fc.batch_descriptor)
     if owned is None:
         raise RuntimeError("the overlay owns no graph for this size (capture not registered)")
-    resolved = owned.resolve(step.source)
-    stream = step.args[0]
+    resolved = owned.resolve(_source(step))
+    stream = step.update_args[0]
     npu = torch.npu
     begin, end, stream_ctx = npu.graph_task_update_begin, npu.graph_task_update_end, npu.stream
     plan = [(t.handle, t.op, kw, t.event) for t, kw in resolved]
@@ -292,11 +208,14 @@ def measure_point(
     point = Point(kind, layers, batch)
     stock = _stock_update()
     overlay = AscendAttentionBackendImpl.update_graph_params
-    step = (_DraftStep if _is_draft(engine) else _Step)(engine, batch, random.Random(batch))
-    try:
+    rng = random.Random(batch)
+    work = engine.next_batch(rng)
+    while work.num_tokens_padded != batch:
+        work = engine.next_batch(rng)
+    with engine.open_step(work) as step:
         floor, point.tasks = _floor_fn(step)
-        point.steps = step.steps
-        args = step.args
+        point.steps = len(step.draft_metadatas) if step.draft_metadatas is not None else 1
+        args = step.update_args
         calls = {"stock": lambda: stock(*args), "overlay": lambda: overlay(*args), "floor": floor}
         samples: dict[str, list[float]] = {k: [] for k in calls}
         with runtime.null_cost():
@@ -315,30 +234,24 @@ def measure_point(
                         samples[name].append(_time(calls[name], inner))
             finally:
                 gc.enable()
-        point.stock_us = statistics.median(samples["stock"])
-        point.overlay_us = statistics.median(samples["overlay"])
-        point.floor_us = statistics.median(samples["floor"])
-    finally:
-        step.close()
+    point.stock_us = statistics.median(samples["stock"])
+    point.overlay_us = statistics.median(samples["overlay"])
+    point.floor_us = statistics.median(samples["floor"])
     return point
 
 
-def _is_draft(engine: Any) -> bool:
-    from torch_npu_sim.harness.draft import DraftEngine
-
-    return isinstance(engine, DraftEngine)
-
-
-def _engine(scenario: Any, captured: tuple[int, ...]) -> Any:
-    """Build and capture (null cost: the attention ops are recorded, not computed)."""
+def _engine(scenario: Any) -> Any:
+    """Build and capture every size (null cost: the attention ops are recorded, not computed)."""
     from torch_npu_sim import runtime
-    from torch_npu_sim.harness.draft import DraftEngine, DraftScenario
-    from torch_npu_sim.harness.target import SimEngine
+    from torch_npu_sim.harness import scenarios
 
-    engine = (DraftEngine if isinstance(scenario, DraftScenario) else SimEngine)(scenario)
-    with runtime.null_cost():
-        for size in captured:
-            engine.capture(size)
+    engine = scenarios.build(scenario)
+    try:
+        with runtime.null_cost():
+            engine.capture()
+    except BaseException:
+        engine.close()
+        raise
     return engine
 
 
@@ -356,7 +269,7 @@ def sweep(
         for n_layers in layers:
             engine = None
             try:
-                engine = _engine(KINDS[kind](n_layers, batches), batches)
+                engine = _engine(KINDS[kind](n_layers, batches))
                 for batch in batches:
                     try:
                         points.append(measure_point(engine, kind, n_layers, batch, rounds, inner))
@@ -373,22 +286,10 @@ def sweep(
                         progress.update(1)
             finally:
                 if engine is not None:
-                    _close(engine)
+                    engine.close()
                 engine = None
                 gc.collect()
     return points
-
-
-def _close(engine: Any) -> None:
-    """Close and let the engine's graphs die before the next engine captures.
-
-    ``DraftEngine.close`` drops ``engine.wrapper`` but its proposer still holds the wrapper
-    (``proposer._runnable``, a cycle through ``_run_merged_draft``): the old draft graphs would stay
-    alive, the registry would see two live graphs per (draft, descriptor) and own neither.
-    """
-    engine.close()
-    if getattr(engine, "proposer", None) is not None:
-        engine.proposer = None
 
 
 def _describe(exc: BaseException) -> str:
@@ -399,7 +300,7 @@ def capture_overhead(layers: int, batch: int, repeats: int) -> dict[str, Any]:
     """Capture time of one graph, overlay on vs off (same process, alternating)."""
     from ascend_graph_patch import activation
     from torch_npu_sim import runtime
-    from torch_npu_sim.harness.target import SimEngine
+    from torch_npu_sim.harness import scenarios
 
     times: dict[str, list[float]] = {"stock": [], "overlay": []}
     for r in range(repeats):
@@ -408,11 +309,11 @@ def capture_overhead(layers: int, batch: int, repeats: int) -> dict[str, Any]:
                 activation.disable()
             else:
                 activation.enable("on")
-            engine = SimEngine(KINDS["FIA"](layers, (batch,)))
+            engine = scenarios.build(KINDS["FIA"](layers, (batch,)))
             try:
                 with runtime.null_cost():
                     t0 = time.perf_counter_ns()
-                    engine.capture(batch)
+                    engine.capture()
                     times[arm].append((time.perf_counter_ns() - t0) / 1e6)
             finally:
                 engine.close()

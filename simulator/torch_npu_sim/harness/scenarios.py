@@ -1,10 +1,15 @@
-"""Named workloads for the simulated decode harness.
+"""The named workloads of the harness engines: target, draft and v2 tables, and one catalogue.
 
-Each scenario picks one branch of vllm-ascend 0.23.0.post1's graph capture / update code (FIA,
-FIA with a sliding window, FIA v2 with learnable sinks, paged attention, the Gemma4 layer-aware
-replay, a hybrid model whose metadata dict carries non-attention keys). The observed behaviour of
-the STOCK update path is recorded on each scenario (``stock``) with its evidence; the tests in
-``tests/test_real_code.py`` assert exactly that behaviour, so the notes cannot silently go stale.
+Every workload is reachable by name through ``CATALOGUE`` (name -> scenario, whose ``stock`` says
+how stock behaves on it) and ``build(name)`` (the engine that runs it): the tests, the A/B worker
+and the soak pick any of them the same way. Plain data until ``build``: listing costs no vLLM.
+
+Target scenarios (v1 ``NPUModelRunner`` decode). Each picks one branch of vllm-ascend
+0.23.0.post1's graph capture / update code (FIA, FIA with a sliding window, FIA v2 with learnable
+sinks, paged attention, the Gemma4 layer-aware replay, a hybrid model whose metadata dict carries
+non-attention keys). The observed behaviour of the STOCK update path is recorded on each scenario
+(``stock``) with its evidence; the tests (``tests/test_real_code.py``, ``test_mtp.py``,
+``test_v2.py``) assert exactly that behaviour, so the notes cannot silently go stale.
 
 Observed on the simulator (fp32, replay vs the same real code run eagerly, 100-200 random steps):
 
@@ -31,7 +36,19 @@ differs from eager by 0.2-3.3 (``paged_attention`` included: the simulator freez
 
 from __future__ import annotations
 
-from torch_npu_sim.harness.target import LayerSpec, Scenario
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from torch_npu_sim.harness.spec import (
+    DraftScenario,
+    LayerSpec,
+    Scenario,
+    V2Scenario,
+    draft_layer,
+)
+
+if TYPE_CHECKING:
+    from torch_npu_sim.workload import Workload
 
 
 def _attn(i: int) -> str:
@@ -169,3 +186,144 @@ SCENARIOS: dict[str, Scenario] = {
         ),
     )
 }
+
+
+# --------------------------------------------------------------------------------------------
+# v1 merged draft graphs (MTP / Eagle proposer)
+
+
+def _draft_scenarios() -> dict[str, DraftScenario]:
+    one = (LayerSpec(draft_layer(0)),)
+    two = (LayerSpec(draft_layer(0)), LayerSpec(draft_layer(1)))
+    out: dict[str, DraftScenario] = {}
+    for k in (1, 2, 3, 4):
+        out[f"mtp_k{k}"] = DraftScenario(f"mtp_k{k}", one, num_speculative_tokens=k)
+    out["mtp_2layers_k3"] = DraftScenario("mtp_2layers_k3", two, num_speculative_tokens=3)
+    out["eagle_2layers_k2"] = DraftScenario(
+        "eagle_2layers_k2", two, num_speculative_tokens=2, method="eagle"
+    )
+    # Gemma4-MTP-like: draft layers 0 and 2 in the full-attention group, layer 1 in a sliding
+    # group with its own block table. Each step's dict lists group A (0, 2) then group B (1):
+    # the captured (model) order is 0, 1, 2, so a positional zip pairs layer 1 with layer 2's
+    # metadata and block table.
+    out["mtp_two_kv_groups"] = DraftScenario(
+        "mtp_two_kv_groups",
+        (
+            LayerSpec(draft_layer(0)),
+            LayerSpec(draft_layer(1), sliding_window=64),
+            LayerSpec(draft_layer(2)),
+        ),
+        num_speculative_tokens=3,
+        stock="wrong: positional pairing binds layer 61 to layer 62's block table",
+    )
+    # two KV groups whose dict order happens to be the model order: stock pairs them right
+    out["mtp_two_kv_groups_ordered"] = DraftScenario(
+        "mtp_two_kv_groups_ordered",
+        (LayerSpec(draft_layer(0)), LayerSpec(draft_layer(1), sliding_window=64)),
+        num_speculative_tokens=2,
+    )
+    out["mtp_non_causal"] = DraftScenario(
+        "mtp_non_causal",
+        two,
+        num_speculative_tokens=3,
+        causal_steps=(True, False, False),
+        # the graph keeps the causal mask under sparse_mode 0; eager passes none (docs/v2.md)
+        stock="wrong: non-causal steps differ from eager (captured mask kept, stock quirk)",
+    )
+    out["mtp_enpu_k3"] = DraftScenario(
+        "mtp_enpu_k3", two, num_speculative_tokens=3, update_order="update_then_replay"
+    )
+    return out
+
+
+DRAFT_SCENARIOS: dict[str, DraftScenario] = _draft_scenarios()
+
+
+# --------------------------------------------------------------------------------------------
+# model runner v2: the target manager over the v1 scenarios, and the draft prefill manager
+
+#: v1 scenarios that do not apply to the v2 target manager (documented skips, docs/v2.md).
+NOT_ON_V2 = {
+    "dense_full": "v1 FULL-mode padding (one dummy request holds every pad token) is a "
+    "v1 NPUModelRunner path; the v2 target manager captures FULL_DECODE_ONLY uniform-decode "
+    "descriptors, so its padding is the dense_gqa case",
+    "dense_enpu": "ENPU update-then-replay is a v1 runner order; the 0.23.0.post1 v2 "
+    "ModelAclGraphManager.run_fullgraph always replays, then updates",
+}
+
+# How stock 0.23.0.post1 behaves on the v2 target path (through the harness adapter) where it
+# differs from v1: on `sinks`, v2's run_fullgraph uses vLLM's set_forward_context, nothing sets
+# `_EXTRA_CTX.sinks` (additional_kwargs has no "sinks"), so stock takes the FIA branch and unpacks
+# the 15-field FIA-v2 tuple as a 22-field FIA one (attention_v1.py:715, first replayed step).
+_V2_STOCK = {"sinks": "crash: ValueError: not enough values to unpack (expected 22, got 15)"}
+
+#: The model of the v2 draft prefill (and draft decode) managers.
+V2_DRAFT_MODEL = Scenario(
+    "v2_draft",
+    layers=(LayerSpec(draft_layer(0)), LayerSpec(draft_layer(1))),
+    capture_sizes=(4, 8),
+    max_kv_len=384,
+)
+
+
+def v2_name(target: str) -> str:
+    """Catalogue name of the v2 target workload over v1 scenario ``target``."""
+    return f"v2_{target}"
+
+
+V2_SCENARIOS: dict[str, V2Scenario] = {
+    v2.name: v2
+    for v2 in (
+        *(
+            V2Scenario(v2_name(name), sc, stock=_V2_STOCK.get(name, sc.stock))
+            for name, sc in SCENARIOS.items()
+            if name not in NOT_ON_V2
+        ),
+        V2Scenario("v2_draft_prefill", V2_DRAFT_MODEL, role="draft_prefill", qlen=2),
+    )
+}
+
+
+# --------------------------------------------------------------------------------------------
+# the catalogue
+
+AnyScenario = Scenario | DraftScenario | V2Scenario
+
+#: Every named workload: target, draft and v2.
+CATALOGUE: dict[str, AnyScenario] = {**SCENARIOS, **DRAFT_SCENARIOS, **V2_SCENARIOS}
+assert len(CATALOGUE) == len(SCENARIOS) + len(DRAFT_SCENARIOS) + len(V2_SCENARIOS)
+
+
+def stock_table() -> dict[str, str]:
+    """Name -> how stock is known to behave, for every workload (``ab --list``)."""
+    return {name: sc.stock for name, sc in CATALOGUE.items()}
+
+
+def with_overrides(scenario: AnyScenario, **overrides: Any) -> AnyScenario:
+    """``scenario`` with fields replaced; a v2 scenario passes its base's fields to the base."""
+    if isinstance(scenario, V2Scenario):
+        own = {f.name for f in dataclasses.fields(V2Scenario)}
+        base = {k: v for k, v in overrides.items() if k not in own}
+        mine = {k: v for k, v in overrides.items() if k in own}
+        if base:
+            mine["base"] = dataclasses.replace(scenario.base, **base)
+        return dataclasses.replace(scenario, **mine)
+    return dataclasses.replace(scenario, **overrides)
+
+
+def build(which: str | AnyScenario, **overrides: Any) -> Workload:
+    """The engine of a workload, by catalogue name or scenario, with scenario fields replaced."""
+    scenario = CATALOGUE[which] if isinstance(which, str) else which
+    if overrides:
+        scenario = with_overrides(scenario, **overrides)
+    if isinstance(scenario, DraftScenario):
+        from torch_npu_sim.harness.draft import DraftEngine
+
+        return DraftEngine(scenario)
+    if isinstance(scenario, V2Scenario):
+        from torch_npu_sim.harness.v2 import V2Engine
+
+        return V2Engine(scenario)
+    from torch_npu_sim.harness.target import TargetEngine
+
+    return TargetEngine(scenario)

@@ -32,10 +32,19 @@ from typing import Any
 
 import torch
 
-from torch_npu_sim.harness.target import _VOCAB, LinearAttnMetadata, Scenario, SimEngine
+from torch_npu_sim.harness.process import Lease
+from torch_npu_sim.harness.spec import V2Scenario
+from torch_npu_sim.harness.stack import Stack
+from torch_npu_sim.harness.toy import D_MODEL, ToyDecoder, random_ids
+from torch_npu_sim.workload import StepOutput
 
 __all__ = ["V2Batch", "V2Engine", "stock_model_manager_error"]
 
+RUNNER_IMPORTS = (
+    "vllm_ascend.worker.v2.aclgraph_utils",
+    "vllm_ascend.worker.v2.spec_decode.eagle.speculator",
+    "vllm_ascend.worker.v2.utils",
+)
 _CUDA_ATTRS = (
     "Event",
     "Stream",
@@ -103,10 +112,10 @@ def _compat_classes() -> tuple[type, type]:
                         cudagraph_runtime_mode=cg_mode,
                         slot_mapping=None,
                     ):
-                        out = model(engine.input_ids[:num_tokens], engine.positions[:num_tokens])
+                        out = model(*engine.inputs(num_tokens))
                     if self.hidden_states is None:
                         self.hidden_states = torch.empty(
-                            engine.max_tokens, out.shape[-1], dtype=out.dtype
+                            engine.stack.max_tokens, out.shape[-1], dtype=out.dtype
                         )
                     self.hidden_states[:num_tokens] = out
 
@@ -147,36 +156,54 @@ class V2Batch:
         return len(self.seq_lens)
 
 
-class V2Engine(SimEngine):
-    """A v2 graph manager (target, draft prefill, or draft) over the toy model of a scenario.
+_UNSET = object()
 
-    ``role="target"``: ``ModelAclGraphManager`` (through the 0.23.0 shim), one query token per
-    request. ``role="draft_prefill"``: ``PrefillEagleAclGraphManager`` with
-    ``decode_query_len = qlen > 1`` (the draft prefill of ``num_speculative_steps + 1`` tokens).
-    ``role="draft"``: the same class with ``decode_query_len = 1`` (a draft decode manager).
+
+class V2Engine:
+    """A v2 graph manager (see ``V2Scenario``) over the toy model of its base scenario.
+
+    Comparability: the eager run puts back the KV slots of this step's tokens, so it leaves the
+    caches as it found them and the graph run of the same batch, before or after, sees them too.
     """
 
-    def __init__(self, scenario: Scenario, role: str = "target", qlen: int = 1) -> None:
-        self.role = role
-        self.qlen = qlen if role == "draft_prefill" else 1
+    def __init__(self, v2: V2Scenario, *, num_threads: int | None = 1) -> None:
+        self.name, self.stock, self.scenario = v2.name, v2.stock, v2.base
+        self.role, self.qlen = v2.role, v2.query_len
         self._saved_cuda: dict[str, Any] = {}
-        self._saved_env: str | None = None
-        super().__init__(scenario)
+        self._saved_env: Any = _UNSET
+        self.lease = Lease(v2.name, num_threads)
+        try:
+            from vllm.config import set_current_vllm_config
 
-    # ---- construction ----------------------------------------------------------------------
+            # v2 captures with seq_len = num_tokens // num_reqs (vLLM ``InputBatch.make_dummy``),
+            # not v1's PA max-workspace length (6144): size the model and block tables for the
+            # workload only (PA scenarios: 4 block-table columns instead of 48, ~5x cheaper).
+            self.stack = Stack(v2.base, v1_pa_capture=False)
+            self.vllm_config = self.stack.vllm_config
+            self.model = ToyDecoder(self.stack.layers, self.stack.gen)
+            with set_current_vllm_config(self.vllm_config):
+                self._build_manager()
+        except BaseException:
+            self.close()  # a half-built engine must not block the next one
+            raise
+        self._step = 0
+        rng = random.Random(v2.base.seed)
+        self._computed = [
+            rng.randrange(0, self.scenario.max_kv_len - 2 * self.qlen)
+            for _ in range(self.stack.max_num_reqs)
+        ]
 
-    def _build_vllm_config(self) -> Any:
-        # v2 captures with seq_len = num_tokens // num_reqs (vLLM ``InputBatch.make_dummy``), not
-        # v1's PA max-workspace length (6144): size the model and block tables for the workload
-        # only (PA scenarios: 4 block-table columns instead of 48, ~5x cheaper eager steps).
-        self.max_model_len = -(-self.scenario.max_kv_len // self.block_size) * self.block_size
-        self.max_blocks = self.max_model_len // self.block_size
-        return super()._build_vllm_config()
+    def _build_manager(self) -> None:
+        import importlib
 
-    def _build_wrapper(self) -> None:
         from vllm.config import CUDAGraphMode
         from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
-        from vllm_ascend.worker.v2 import utils as v2_utils
+
+        # What importing the v2 runner (worker/v2/model_runner.py) loads before its
+        # torch_cuda_wrapper runs: the managers' modules (speculator.py imports eagle.aclgraph).
+        for module in RUNNER_IMPORTS:
+            importlib.import_module(module)
+        v2_utils = importlib.import_module("vllm_ascend.worker.v2.utils")
 
         self._saved_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # _EXTRA_CTX reads v2's additional_kwargs
@@ -187,11 +214,12 @@ class V2Engine(SimEngine):
             pass
         self.update_stream = torch.npu.Stream()
         self.model_state = SimpleNamespace(attn_metadata=None)
-        self.hidden_out = torch.zeros(self.max_tokens, 128)
+        self.hidden_out = torch.zeros(self.stack.max_tokens, D_MODEL)
         mode = CUDAGraphMode.FULL_DECODE_ONLY
+        positions = SimpleNamespace(positions=self.stack.positions)
         if self.role == "target":
             runner = SimpleNamespace(
-                input_buffers=SimpleNamespace(positions=self.positions),
+                input_buffers=positions,
                 dp_size=1,
                 model_state=self.model_state,
                 update_stream=self.update_stream,
@@ -213,7 +241,7 @@ class V2Engine(SimEngine):
 
             spec = SimpleNamespace(
                 model=self.model,
-                input_buffers=SimpleNamespace(positions=self.positions),
+                input_buffers=positions,
                 dp_size=1,
                 model_state=self.model_state,
                 update_stream=self.update_stream,
@@ -229,23 +257,23 @@ class V2Engine(SimEngine):
             self.manager = PrefillEagleAclGraphManager(
                 self.vllm_config, torch.device("cpu"), mode, self.qlen, spec
             )
-        self._batch_rng = random.Random(self.scenario.seed)
-        self._computed = [
-            self._batch_rng.randrange(0, self.scenario.max_kv_len - 2 * self.qlen)
-            for _ in range(self.max_num_reqs)
-        ]
+
+    def inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's persistent input buffers, for ``num_tokens`` tokens."""
+        return self.stack.input_ids[:num_tokens], self.stack.positions[:num_tokens]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
+        """Drop the graphs, put back ``torch.cuda`` and the environment, reset the process."""
+        self.lease.release(self._drop_graphs)
+
+    def _drop_graphs(self) -> None:
+        self.manager = self.runner = self.speculator = self.model = self.stack = None
         for name, value in self._saved_cuda.items():
             setattr(torch.cuda, name, value)
         if self._saved_env is None:
             os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-        else:
+        elif self._saved_env is not _UNSET:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self._saved_env
-        self.manager = None
 
     # ---- descriptors and metadata ----------------------------------------------------------
 
@@ -263,78 +291,44 @@ class V2Engine(SimEngine):
         self, num_reqs: int, num_reqs_padded: int, seq_lens: list[int], capturing: bool
     ) -> dict[str, Any]:
         """Metadata as the v2 runner builds it: ``qlen`` tokens per request, padded requests."""
-        from vllm_ascend.attention.attention_v1 import AscendAttentionState
-        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
-
-        q, n, nr = self.qlen, num_reqs, num_reqs_padded
-        qsl = self.query_start_loc
-        qsl.zero_()
-        qsl[1 : nr + 1] = torch.arange(1, nr + 1, dtype=torch.int32) * q
-        self.seq_lens_cpu.zero_()
-        self.seq_lens_cpu[:nr] = q  # padded requests see q (stale) tokens of block 0
-        self.seq_lens_cpu[:n] = torch.tensor(seq_lens, dtype=torch.int32)
-        self.seq_lens_dev.copy_(self.seq_lens_cpu)
-        state = AscendAttentionState.DecodeOnly if q == 1 else AscendAttentionState.ChunkedPrefill
+        stack, q, n, nr = self.stack, self.qlen, num_reqs, num_reqs_padded
+        seq = stack.seq
+        seq.set_queries(nr, q)
+        # padded requests see q (stale) tokens of block 0
+        seq.set_seq_lens(seq_lens, num_reqs_padded=nr, pad=q)
         out: dict[str, Any] = {}
-        for group in self.groups:
+        for group in stack.groups:
             group.block_table[n:nr].fill_(0)
             group.slot_mapping[n * q : nr * q].fill_(-1)
-            cm = AscendCommonAttentionMetadata(
-                query_start_loc=qsl[: nr + 1],
-                query_start_loc_cpu=qsl[: nr + 1],
-                seq_lens=self.seq_lens_dev[:nr],
-                _seq_lens_cpu=self.seq_lens_cpu[:nr],
-                seq_lens_cpu_upper_bound=self.seq_lens_cpu[:nr],
-                seq_lens_cpu=self.seq_lens_cpu[:nr],
+            common = seq.common(
                 num_reqs=nr,
                 num_actual_tokens=n * q,
-                max_query_len=q,
-                max_seq_len=self.max_model_len if capturing else int(self.seq_lens_cpu.max()),
-                block_table_tensor=group.block_table[:nr],
-                slot_mapping=group.slot_mapping[: nr * q],
-                causal=True,
                 num_input_tokens=nr * q,
-                positions=self.positions,
-                attn_state=state,
-                decode_token_per_req=q,
+                max_seq_len=stack.max_model_len if capturing else int(seq.seq_lens_cpu.max()),
+                block_table=group.block_table,
+                slot_mapping=group.slot_mapping[: nr * q],
+                positions=stack.positions,
+                query_len=q,
             )
-            md = (
-                group.builder.build_for_cudagraph_capture(cm)
-                if capturing
-                else group.builder.build(common_prefix_len=0, common_attn_metadata=cm)
-            )
+            md = group.build(common, capturing)
             for name in group.layer_names:
                 out[name] = md
         if not self.scenario.has_linear:
             return out
-        linear_md = LinearAttnMetadata(
-            num_prefills=0,
-            num_decodes=nr,
-            num_actual_tokens=n * q,
-            state_indices=self.linear_state[:nr],
-        )
-        if self._metadata_order == "layers":  # keys interleaved in model-layer order
-            return {
-                spec.name: (linear_md if spec.kind == "linear" else out[spec.name])
-                for spec in self.scenario.layers
-            }
-        out.update(
-            {spec.name: linear_md for spec in self.scenario.layers if spec.kind == "linear"}
-        )  # attention group first, linear keys after
-        return out
+        return stack.with_linear_keys(out, stack.linear_metadata(nr, n * q))
 
     def capture_metadata(self, desc: Any) -> dict[str, Any]:
         nr = desc.num_reqs
-        self.input_ids[: desc.num_tokens].zero_()
-        self.positions[: desc.num_tokens].zero_()
-        for group in self.groups:
+        self.stack.input_ids[: desc.num_tokens].zero_()
+        self.stack.positions[: desc.num_tokens].zero_()
+        for group in self.stack.groups:
             group.block_table[:nr].zero_()
             group.slot_mapping[: desc.num_tokens].fill_(-1)
         return self.metadata(nr, nr, [self.qlen] * nr, capturing=True)
 
     # ---- capture ---------------------------------------------------------------------------
 
-    def capture_all(self) -> None:
+    def capture(self) -> None:
         """The runner's capture: every FULL descriptor of the manager."""
         from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
@@ -369,7 +363,7 @@ class V2Engine(SimEngine):
                         cudagraph_runtime_mode=cg_mode,
                         slot_mapping=None,
                     ):
-                        out = spec.model(self.input_ids[:num_tokens], self.positions[:num_tokens])
+                        out = spec.model(*self.inputs(num_tokens))
                     self.hidden_out[:num_tokens] = out
 
                 self.manager.capture(forward_fn, states)
@@ -389,11 +383,11 @@ class V2Engine(SimEngine):
 
     # ---- workload --------------------------------------------------------------------------
 
-    def v2_batch(self, rng: random.Random) -> V2Batch:
+    def next_batch(self, rng: random.Random) -> V2Batch:
         q = self.qlen
         max_reqs = max(d.num_reqs for d in self.descriptors())
         n = rng.randint(1, max_reqs)
-        slots = rng.sample(range(self.max_num_reqs), n)
+        slots = rng.sample(range(self.stack.max_num_reqs), n)
         positions, seq_lens = [], []
         for s in slots:
             if self._computed[s] + q > self.scenario.max_kv_len:
@@ -402,44 +396,46 @@ class V2Engine(SimEngine):
             seq_lens.append(self._computed[s] + q)
             self._computed[s] += q
         self._step += 1
-        ids = torch.tensor([rng.randrange(_VOCAB) for _ in range(n * q)], dtype=torch.int64)
-        return V2Batch(self._step, seq_lens, positions, slots, ids)
+        return V2Batch(self._step, seq_lens, positions, slots, random_ids(rng, n * q))
 
-    def _load(self, batch: V2Batch, num_tokens: int) -> None:
-        q, n = self.qlen, batch.num_reqs
-        self.input_ids[:num_tokens].zero_()
-        self.positions[:num_tokens].zero_()
-        self.input_ids[: n * q] = batch.input_ids
-        pos = torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
-        self.positions[: n * q] = pos
-        rows = self._block_rows(batch)
+    def run(self, batch: V2Batch, *, graph: bool = True) -> StepOutput:
+        """Through the manager's ``run_fullgraph`` (replay, then the stock update seam), or
+        eagerly (the KV slots it writes put back afterwards)."""
+        if graph:
+            return self._output(batch, self._run_graph(batch))
         slots = self._token_slots(batch)
-        for group in self.groups:
-            group.block_table[:n] = rows
-            group.slot_mapping[: n * q] = slots
+        with self.stack.kv_restored([slots] * len(self.stack.groups)):
+            return self._output(batch, self._run_eager(batch))
+
+    def _output(self, batch: V2Batch, hidden: torch.Tensor) -> StepOutput:
+        logits = self.model.logits(hidden).view(batch.num_reqs, self.qlen, -1)
+        return StepOutput(values=hidden, tokens=logits.argmax(-1).tolist(), logits=logits)
+
+    def _token_positions(self, batch: V2Batch) -> torch.Tensor:
+        q = self.qlen
+        return torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
 
     def _block_rows(self, batch: V2Batch) -> torch.Tensor:
-        return torch.tensor(
-            [
-                [
-                    1 + s * self.blocks_per_req + b if b < self.blocks_per_req else 0
-                    for b in range(self.max_blocks)
-                ]
-                for s in batch.slots
-            ],
-            dtype=torch.int32,
-        )
+        return torch.tensor([self.stack.block_row(s) for s in batch.slots], dtype=torch.int32)
 
     def _token_slots(self, batch: V2Batch) -> torch.Tensor:
         """The flat KV slot each of this step's query tokens is written to."""
-        q, bs = self.qlen, self.block_size
-        pos = torch.tensor([p + j for p in batch.positions for j in range(q)], dtype=torch.int64)
-        tok_rows = self._block_rows(batch).repeat_interleave(q, dim=0)
-        blk = tok_rows.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
-        return blk * bs + pos % bs
+        tok_rows = self._block_rows(batch).repeat_interleave(self.qlen, dim=0)
+        return self.stack.token_slots(tok_rows, self._token_positions(batch))
 
-    def run_v2_graph(self, batch: V2Batch) -> torch.Tensor:
-        """Replay through the manager's ``run_fullgraph`` (replay, then the stock update seam)."""
+    def _load(self, batch: V2Batch, num_tokens: int) -> None:
+        stack, t = self.stack, batch.num_reqs * self.qlen
+        stack.input_ids[:num_tokens].zero_()
+        stack.positions[:num_tokens].zero_()
+        stack.input_ids[:t] = batch.input_ids
+        stack.positions[:t] = self._token_positions(batch)
+        rows = self._block_rows(batch)
+        slots = self._token_slots(batch)
+        for group in stack.groups:
+            group.block_table[: batch.num_reqs] = rows
+            group.slot_mapping[:t] = slots
+
+    def _run_graph(self, batch: V2Batch) -> torch.Tensor:
         from vllm.config import set_current_vllm_config
 
         desc = self.desc_for(batch.num_reqs)
@@ -454,7 +450,7 @@ class V2Engine(SimEngine):
         out = ret if self.role == "target" else self.hidden_out
         return out[:t].clone()
 
-    def run_v2_eager(self, batch: V2Batch) -> torch.Tensor:
+    def _run_eager(self, batch: V2Batch) -> torch.Tensor:
         from vllm.config import CUDAGraphMode, set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
@@ -465,27 +461,6 @@ class V2Engine(SimEngine):
             with set_forward_context(
                 md, self.vllm_config, num_tokens=t, cudagraph_runtime_mode=CUDAGraphMode.NONE
             ):
-                out = self.model(self.input_ids[:t], self.positions[:t])
+                out = self.model(*self.inputs(t))
             torch.npu.synchronize()
         return out[:t].clone()
-
-    def run_v2_eager_isolated(self, batch: V2Batch) -> torch.Tensor:
-        """``run_v2_eager``, then put back the KV slots it wrote (only this step's tokens), so the
-        graph run of the same batch sees the same cache. Same effect as ``snapshot_kv`` /
-        ``restore_kv`` around it, without cloning every cache each step."""
-        slots = self._token_slots(batch)
-        flat = {
-            layer.spec.name: layer.kv_cache.view(2, -1, *layer.kv_cache.shape[3:])
-            for layer in self.layers
-            if layer.kv_cache is not None and layer.spec.kv_sharing_target is None
-        }
-        saved = {name: kv[:, slots].clone() for name, kv in flat.items()}
-        out = self.run_v2_eager(batch)
-        for name, kv in flat.items():
-            kv[:, slots] = saved[name]
-        return out
-
-    def restore_kv(self, snapshot: dict[str, torch.Tensor]) -> None:
-        for layer in self.layers:
-            if layer.spec.name in snapshot:
-                layer.kv_cache.copy_(snapshot[layer.spec.name])
