@@ -127,16 +127,20 @@ def test_matmul_add_fp32_accumulates_in_place(gen: torch.Generator) -> None:
     w = torch.randn(2, 4, generator=gen).half()
     c = torch.randn(4, 4, generator=gen)
     c0 = c.clone()
-    model_ops._npu_matmul_add_fp32(x, w, c)
+    assert model_ops._npu_matmul_add_fp32(x, w, c) is None  # in place, like the ATB op
     torch.testing.assert_close(c.double(), c0.double() + x.double().T @ w.double())
 
 
 def test_model_ops_are_in_torch_npus_op_table() -> None:
+    """Each is a simulated op: on ``torch_npu`` itself, or (ATB ops) the registered op its lazy
+    ``torch_npu`` function is swapped for, as in torch-npu."""
     import torch_npu
 
-    for name in model_ops.REFERENCE_OPS:
-        op = getattr(torch_npu, name)
-        assert getattr(op, "__wrapped__", None) is model_ops.REFERENCE_OPS[name], name
+    from torch_npu_sim import atb
+
+    for name, reference in model_ops.REFERENCE_OPS.items():
+        op = getattr(atb.ATB_OPS, name) if name in atb.API_LIST else getattr(torch_npu, name)
+        assert getattr(op, "__wrapped__", None) is reference, name
 
 
 def test_captured_functional_op_writes_its_outputs_at_replay() -> None:

@@ -4,9 +4,9 @@ vllm-ascend's layer overrides (``ops/layernorm.py``, ``ops/rotary_embedding.py``
 ``ops/activation.py``) and the worker's ATB warm-up call these NPU kernels; the tiny models the
 engine tests build reach exactly these. They join the same op table as ``ops.py`` (``install()``
 wraps each one as a simulated NPU op: one task under capture). Math is float32, cast back to the
-input dtype, as the NPU kernels do for half-precision inputs. Signatures follow torch-npu
-2.10.0.post4's registered schemas (``torch_npu/csrc`` strings) for the arguments vllm-ascend
-passes.
+input dtype, as the NPU kernels do for half-precision inputs. Signatures are torch-npu
+2.10.0.post4's registered schemas (names, order, defaults: ``tests/test_torch_npu_conformance.py``
+checks them against the wheel's).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ def _rstd(x: Tensor, ndim: int, epsilon: float) -> Tensor:
     return torch.rsqrt(x.float().pow(2).mean(dim=dims, keepdim=True) + epsilon)
 
 
-def npu_rms_norm(self: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:
+def npu_rms_norm(input: Tensor, gamma: Tensor, epsilon: float = 1e-6) -> tuple[Tensor, Tensor]:  # noqa: A002
     """``y = x * rsqrt(mean(x^2) + eps) * gamma`` over gamma's trailing dims; returns (y, rstd)."""
-    rstd = _rstd(self, gamma.dim(), epsilon)
-    y = (self.float() * rstd * gamma.float()).to(self.dtype)
+    rstd = _rstd(input, gamma.dim(), epsilon)
+    y = (input.float() * rstd * gamma.float()).to(input.dtype)
     return y, rstd
 
 
@@ -76,26 +76,29 @@ def _npu_rotary_embedding(
 
 
 def npu_rotary_mul(
-    self: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half", **_ignored: Any
+    input: Tensor,  # noqa: A002 - the registered schema's name
+    r1: Tensor,
+    r2: Tensor,
+    rotary_mode: str = "half",
+    rotate: Tensor | None = None,
 ) -> Tensor:
     """``x * r1 + rotate(x) * r2`` with broadcasting; ``half`` (NeoX) or ``interleave`` mode."""
-    if rotary_mode not in ("half", "interleave"):
-        raise NotImplementedError(f"sim ops: rotary_mode {rotary_mode!r} is not modelled")
-    x = self.float()
+    if rotary_mode not in ("half", "interleave") or rotate is not None:
+        raise NotImplementedError(f"sim ops: rotary_mode {rotary_mode!r} / rotate not modelled")
+    x = input.float()
     out = x * r1.float() + _rotate(x, rotary_mode == "half") * r2.float()
-    return out.to(self.dtype)
+    return out.to(input.dtype)
 
 
-def npu_swiglu(self: Tensor, dim: int = -1) -> Tensor:
+def npu_swiglu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002 - the schema's name
     """``silu(a) * b`` where ``a, b`` are the two halves of ``x`` along ``dim``."""
-    a, b = self.float().chunk(2, dim=dim)
-    return (torch.nn.functional.silu(a) * b).to(self.dtype)
+    a, b = input.float().chunk(2, dim=dim)
+    return (torch.nn.functional.silu(a) * b).to(input.dtype)
 
 
-def _npu_matmul_add_fp32(x: Tensor, weight: Tensor, c: Tensor) -> Tensor:
-    """ATB ``c += x^T @ weight`` accumulated in float32, in place (gradient-accumulation GEMM)."""
-    c.add_(x.float().transpose(-2, -1) @ weight.float())
-    return c
+def _npu_matmul_add_fp32(x: Tensor, weight: Tensor, C: Tensor) -> None:  # noqa: N803
+    """ATB ``C += x^T @ weight`` accumulated in float32, in place (gradient-accumulation GEMM)."""
+    C.add_(x.float().transpose(-2, -1) @ weight.float())
 
 
 REFERENCE_OPS: dict[str, Callable[..., Any]] = {
