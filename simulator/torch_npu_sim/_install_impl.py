@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import atb, lifetimes, runtime
+from . import engine as engine_shims
 from .runtime import SimulatorError
 
 _MODULE: types.ModuleType | None = None
@@ -84,6 +85,7 @@ def install() -> types.ModuleType:
     _pin_memory_shim(torch)
     _stub_acl()
     _MODULE = mod
+    engine_shims.apply()  # post-import hooks for the real vLLM engine (CPU device, ops, ...)
     return mod
 
 
@@ -393,11 +395,15 @@ def _empty_with_format(
 
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
+    """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``)."""
+    from . import model_ops
+
     try:
         from . import ops
     except ImportError:
-        return {}, set()
-    return dict(getattr(ops, "REFERENCE_OPS", {})), set(getattr(ops, "HOST_FUNCTIONS", set()))
+        return dict(model_ops.REFERENCE_OPS), set()
+    table = {**getattr(ops, "REFERENCE_OPS", {}), **model_ops.REFERENCE_OPS}
+    return table, set(getattr(ops, "HOST_FUNCTIONS", set()))
 
 
 def _attach_ops(mod: types.ModuleType, atb_module: types.ModuleType) -> None:

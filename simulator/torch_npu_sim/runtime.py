@@ -25,12 +25,15 @@ Single-threaded by design: the runner's capture/replay/update path is driven fro
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._C import DispatchKey, DispatchKeySet
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -69,6 +72,7 @@ _COUNTER_NAMES = (
     "op_launches",
     "tasks_run",
     "group_handles",
+    "capture_warmups_skipped",
 )
 _handle_ids = itertools.count(1)
 _graph_ids = itertools.count(1)
@@ -515,7 +519,15 @@ def stream(stream: Stream | None) -> Iterator[Stream | None]:
 
 
 class _CaptureMode(TorchDispatchMode):
-    """Records every aten op launched while a graph captures (and runs it once: warm-up)."""
+    """Records every aten op launched while a graph captures (and runs it once: warm-up).
+
+    Custom ops (vLLM's ``unified_attention_with_output``, ...) and higher-order ops (the
+    ``auto_functionalized_v2`` of compiled graphs) are not tasks: a device graph holds the kernels
+    their bodies launch. Their bodies run under this mode, so those kernels are recorded one by one
+    (an opaque custom-op task would re-run its Python body at replay, bypassing updated tasks).
+    """
+
+    supports_higher_order_operators = True
 
     def __init__(self, graph: NPUGraph) -> None:
         super().__init__()
@@ -523,6 +535,12 @@ class _CaptureMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        body = _body(func)
+        if body is not None and not _S.executing and _S.capturing is self.graph:
+            with self:
+                return body(*args, **kwargs)
+        if isinstance(func, HigherOrderOperator):
+            return NotImplemented
         out = func(*args, **kwargs)
         if _S.executing or _S.capturing is not self.graph:
             return out
@@ -541,6 +559,19 @@ class _CaptureMode(TorchDispatchMode):
         if tensors:
             self.graph._record(_Task(str(func), func, args, kwargs, tensors))
         return out
+
+
+#: Namespaces of torch's own ops: their kernels are device kernels, recorded as one task each.
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "c10d", "_c10d_functional", "rngprims", "profiler"})
+
+
+def _body(func: Any) -> Callable[..., Any] | None:
+    """The body to run transparently under capture: a HOP's dense kernel, a custom op's kernel."""
+    if isinstance(func, HigherOrderOperator):
+        return func.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
+    if func.namespace in _TORCH_NAMESPACES:
+        return None
+    return functools.partial(func.redispatch, DispatchKeySet(DispatchKey.CPU))
 
 
 _KIND_CACHE: dict[Any, str] = {}
@@ -925,9 +956,20 @@ class SimOp:
             s.capturing._record(task)
             s.executing += 1  # warm-up run; its inner aten ops are not recorded
             try:
-                return self.fn(*args, **kwargs)
+                result = self.fn(*args, **kwargs)
+            except Exception:
+                # A capture executes nothing on the device: a launch into given outputs whose
+                # captured arguments cannot run (PA captured at its maximum-workspace kv length,
+                # beyond the block table) fails if it is ever replayed as captured, not here.
+                if "out" not in kwargs:
+                    raise
+                s.counters["capture_warmups_skipped"] += 1
+                return kwargs["out"]
             finally:
                 s.executing -= 1
+            if _fresh_output((args, kwargs), result):  # functional: replay writes its outputs
+                task.outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+            return result
         current = s.current_stream
         if current._queue:
             # Queued behind blocked work, as on the device: run now for the result's shapes

@@ -1,0 +1,22 @@
+"""The real vLLM engine on the simulator: shims, tiny models and the arm process.
+
+``apply()`` (called by the simulator's ``install()``, so only when the simulator *is* torch_npu)
+registers post-import hooks that give vLLM and vllm-ascend what a CPU host lacks: a CPU worker
+device, CPU kernels for the custom ops, ``torch.accelerator`` answers, torch references behind the
+Triton launches. The graph capture / update code of vllm-ascend is never touched.
+"""
+
+from __future__ import annotations
+
+__all__ = ["apply"]
+
+
+def apply() -> None:
+    """Register every engine shim's post-import hook (idempotent).
+
+    Also arms the tests' negative control when its variable is set (see ``control``).
+    """
+    from . import control, shims
+
+    control.install()
+    shims.apply()

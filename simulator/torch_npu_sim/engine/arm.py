@@ -1,0 +1,236 @@
+"""One arm of the engine tests: ``python -m torch_npu_sim.engine.arm --spec S --out R``.
+
+The arm's overlay setting (``ASCEND_GRAPH_PATCH``, ``..._STRICT``, ``..._STATUS_DIR``) and the
+simulator (``TORCH_NPU_SIM=1``) come from the environment, set before this interpreter started, so
+the ``.pth`` loaders decided in every process vLLM spawns. The arm imports vLLM once, then runs
+each case in a forked child: every case starts from the same freshly imported state (vllm-ascend
+keeps model-specific module globals, e.g. the rotary tables, that one process never resets between
+engines; on hardware one process serves one model). Each case is one ``run_arm`` over a
+:class:`~torch_npu_sim.engine.workload.VllmWorkload`; a crash is the case's recorded result.
+
+The spec: ``{"graph": bool, "model_root": dir, "timeout": seconds, "cases": [Case JSON, ...]}``.
+The result: ``{"pid", "env": {...}, "cases": {name: record}}``, a record holding the tokens per
+step, the error, the overlay's counters read from the process that ran the model runner, the
+simulator's runtime counters (engine core in-process only) and the speculative decoding figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ENV_KEYS = (
+    "ASCEND_GRAPH_PATCH",
+    "ASCEND_GRAPH_PATCH_STRICT",
+    "ASCEND_GRAPH_PATCH_STATUS_DIR",
+    "TORCH_NPU_SIM",
+    "TORCH_NPU_SIM_TEST_SKIP_RELAUNCH",
+    "VLLM_PLUGINS",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_npu_sim.engine.arm")
+    parser.add_argument("--spec", required=True, help="JSON spec: cases, graph or eager, ...")
+    parser.add_argument("--out", required=True, help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    result = run(spec)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run every case of ``spec`` in its own forked child; the records by case name."""
+    import torch
+
+    torch.set_num_threads(1)  # many tiny CPU ops: one thread, and identical float results
+    import vllm  # noqa: F401 - paid once, inherited by every case's child
+
+    from ..workload import run_arm  # noqa: F401 - imported before forking, like vLLM
+
+    _inspect_models_in_process()
+
+    records: dict[str, Any] = {}
+    for data in spec["cases"]:
+        records[data["name"]] = _run_forked(spec, data)
+    return {
+        "pid": os.getpid(),
+        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+        "cases": records,
+    }
+
+
+def _inspect_models_in_process() -> None:
+    """vLLM inspects each model class in a fresh interpreter, so that the parent never
+    initialises CUDA; there is no CUDA here, and that interpreter's cold vLLM import costs 15 to
+    80 s per architecture and arm on two busy cores. The arm inspects in its own process."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
+
+
+def _run_forked(spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+    timeout = float(spec.get("timeout", 600))
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+        out = Path(handle.name)
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the case's process: its own group, so a timeout kills what it started
+        code = 0
+        try:
+            os.setpgid(0, 0)
+            out.write_text(json.dumps(run_case(spec, case)))
+        except BaseException:  # noqa: BLE001 - reported to the parent through the file
+            out.write_text(json.dumps({"error": "arm: " + traceback.format_exc()[-2000:]}))
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    status = _wait(pid, timeout)
+    try:
+        record = json.loads(out.read_text()) if out.stat().st_size else {}
+    except (OSError, ValueError):
+        record = {}
+    finally:
+        out.unlink(missing_ok=True)
+    if not record:
+        record = {"error": f"case process ended without a result ({status})"}
+    record["seconds"] = round(time.monotonic() - started, 1)
+    return record
+
+
+def _wait(pid: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return f"wait status {status}"
+        if time.monotonic() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            return f"timed out after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """Run one case in this process; its record (JSON-able)."""
+    from ..workload import run_arm
+    from .cases import Case
+    from .workload import VllmWorkload
+
+    case = Case.from_json(data)
+    graph = bool(spec["graph"])
+    status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
+    pids_before = _status_pids(status_dir)
+    seen: dict[str, Any] = {}
+
+    def build() -> VllmWorkload:
+        seen["workload"] = VllmWorkload(case, graph=graph, model_root=spec.get("model_root"))
+        return seen["workload"]
+
+    def on_step(workload: Any, step: int, batch: Any, out: Any) -> None:
+        # While the engine is alive (its owned graphs are still registered), from the process
+        # that runs the model runner: this one, or the engine core's (the RPC runs it there).
+        started = time.monotonic()
+        seen["runners"] = workload.llm.collective_rpc(runner_figures)
+        stats = workload.spec_stats()
+        seen["spec"] = None if stats is None else {**vars(stats), "rate": stats.acceptance_rate}
+        workload.phases["figures"] = round(time.monotonic() - started, 2)
+
+    started = time.monotonic()
+    result = run_arm(build, case.steps, case.seed, eager=False, graph=graph, on_step=on_step)
+    seen["run_arm_seconds"] = round(time.monotonic() - started, 1)
+    record: dict[str, Any] = {
+        "case": case.to_json(),
+        "graph": graph,
+        "steps": result.steps,
+        "tokens": [o.tokens for o in result.outputs],
+        "error": result.error,
+        "error_type": result.error_type,
+        "traceback": (result.traceback or "")[-4000:] or None,
+        "spec": seen.get("spec"),
+        "close_error": getattr(seen.get("workload"), "close_error", None),
+        "run_arm_seconds": seen.get("run_arm_seconds"),
+        "phases": getattr(seen.get("workload"), "phases", {}),
+        "arm_pid": os.getpid(),
+        "runners": seen.get("runners"),
+    }
+    if case.multiprocess:
+        record["status_files"] = _overlay_from_files(status_dir, pids_before)
+    return record
+
+
+def runner_figures(worker: Any = None) -> dict[str, Any]:
+    """Run in the model runner's process (by ``collective_rpc``): the overlay's figures there,
+    the simulator's runtime counters there, and that process's pid."""
+    from .. import runtime
+
+    return {"pid": os.getpid(), "overlay": _overlay_here(), "sim": runtime.stats()}
+
+
+def _overlay_here() -> dict[str, Any] | None:
+    """The overlay's figures in this process (None when it is off here)."""
+    if "ascend_graph_patch" not in sys.modules:
+        return None
+    from ascend_graph_patch import settings, status
+
+    if settings.mode() == settings.OFF:
+        return None
+    snap = status.snapshot()
+    return {
+        "processes": 1,
+        "mode": snap.get("mode"),
+        "graphs_owned": snap.get("graphs_owned", 0),
+        "tasks_per_kind": snap.get("tasks_per_kind") or {},
+        "counters": snap.get("counters") or {},
+        "gate": {g: v.get("verdict") for g, v in (snap.get("gate") or {}).items()},
+    }
+
+
+def _status_pids(directory: str | None) -> set[int]:
+    if not directory or not os.path.isdir(directory):
+        return set()
+    from ascend_graph_patch import status_files
+
+    return {s.get("pid") for s in status_files.read_dir(directory)}
+
+
+def _overlay_from_files(directory: str | None, pids_before: set[int]) -> dict[str, Any] | None:
+    """Merged status files of the processes this case started (the engine core's)."""
+    if not directory:
+        return None
+    from ascend_graph_patch import status_files
+
+    mine = os.getpid()
+    snaps = [
+        s
+        for s in status_files.read_dir(directory)
+        if s.get("pid") not in pids_before and s.get("pid") != mine
+    ]
+    merged = status_files.merge(snaps)
+    gates = [row["gate"] for row in merged["per_process"]]
+    return {
+        "processes": merged["processes"],
+        "pids": [row["pid"] for row in merged["per_process"]],
+        "graphs_owned": merged["graphs_owned"],
+        "tasks_per_kind": merged["tasks_per_kind"],
+        "counters": merged["counters"],
+        "gate": gates[0] if len(gates) == 1 else gates,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The arms of the engine tests and how they are launched: each in a fresh interpreter.
+
+An arm is one setting of the overlay for a whole process tree, so it is fixed in the environment
+before the interpreter starts (the ``.pth`` loaders decide in every process vLLM spawns): eager
+(no graphs), stock (overlay off), overlay (on), verify (stock's update applied, the overlay's
+compared with it), and the negative control (overlay on, every relaunch skipped by the
+simulator). Each arm gets its own ``VLLM_CACHE_ROOT`` (vLLM's compile cache does not see the
+toggle) and its own status directory; model-inspection results (a pure function of vLLM's source)
+are shared between arms to pay that subprocess once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import control
+from .cases import CASES, CONTROL_CASES, Case, eager_cases
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    graph: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("eager", graph=False, env={"ASCEND_GRAPH_PATCH": "off"}),
+        Arm("stock", graph=True, env={"ASCEND_GRAPH_PATCH": "off"}),
+        Arm("overlay", graph=True, env={"ASCEND_GRAPH_PATCH": "on"}),
+        Arm("verify", graph=True, env={"ASCEND_GRAPH_PATCH": "verify"}),
+        Arm(
+            "control",
+            graph=True,
+            env={"ASCEND_GRAPH_PATCH": "on", control.ENV_VAR: "1"},
+        ),
+    )
+}
+
+
+def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
+    if arm == "eager":
+        return list(eager_cases(cases))
+    if arm == "control":
+        return [c for c in cases if c.name in CONTROL_CASES]
+    return list(cases)
+
+
+def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ASCEND_GRAPH_PATCH", "VLLM_", control.ENV_VAR))
+    }
+    cache = directory / "vllm-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    link = cache / "modelinfos"
+    if not link.exists():
+        shared_modelinfos.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(shared_modelinfos, target_is_directory=True)
+    env.update(
+        TORCH_NPU_SIM="1",
+        VLLM_PLUGINS="ascend",
+        VLLM_CACHE_ROOT=str(cache),
+        ASCEND_GRAPH_PATCH_STATUS_DIR=str(directory / "status"),
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+        # One intra-op thread in every process (the arm sets it too; an engine core started by
+        # spawn would not inherit that): many tiny ops, and identical float results.
+        OMP_NUM_THREADS="1",
+        VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    )
+    env.update(arm.env)
+    return env
+
+
+def run_arms(
+    directory: Path,
+    model_root: Path,
+    arms: Iterable[str] = tuple(ARMS),
+    cases: tuple[Case, ...] = CASES,
+    parallel: int = 2,
+    timeout: float = 900.0,
+    case_timeout: float = 300.0,
+) -> dict[str, dict[str, Any]]:
+    """Run each arm in a fresh interpreter, ``parallel`` at a time; results by arm name.
+
+    An arm that dies without a result gets ``{"error": ..., "cases": {}}`` with its log's tail.
+    """
+    shared = directory / "modelinfos"
+    pending = [ARMS[name] for name in arms]
+    running: list[tuple[Arm, subprocess.Popen[bytes], float, Path]] = []
+    results: dict[str, dict[str, Any]] = {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            arm = pending.pop(0)
+            arm_dir = directory / arm.name
+            arm_dir.mkdir(parents=True, exist_ok=True)
+            spec = {
+                "graph": arm.graph,
+                "model_root": str(model_root),
+                "timeout": case_timeout,
+                "cases": [c.to_json() for c in cases_for(arm.name, cases)],
+            }
+            (arm_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+            log = (arm_dir / "log").open("wb")
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch_npu_sim.engine.arm",
+                "--spec",
+                str(arm_dir / "spec.json"),
+                "--out",
+                str(arm_dir / "result.json"),
+            ]
+            env = arm_env(arm, arm_dir, shared)
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            running.append((arm, proc, time.monotonic(), arm_dir))
+        time.sleep(0.5)
+        for entry in list(running):
+            arm, proc, started, arm_dir = entry
+            if proc.poll() is None and time.monotonic() - started < timeout:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            running.remove(entry)
+            results[arm.name] = _load(arm_dir, proc.returncode, time.monotonic() - started)
+    return results
+
+
+def _load(arm_dir: Path, returncode: int | None, seconds: float) -> dict[str, Any]:
+    try:
+        result = json.loads((arm_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        tail = (arm_dir / "log").read_text(errors="replace")[-3000:]
+        result = {"error": f"arm exited {returncode} without a result:\n{tail}", "cases": {}}
+    result["seconds"] = round(seconds, 1)
+    result["returncode"] = returncode
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torch_npu_sim.engine.arms --out DIR``: run the arms, print the table."""
+    import argparse
+
+    from . import models, report
+
+    parser = argparse.ArgumentParser(prog="python -m torch_npu_sim.engine.arms")
+    parser.add_argument("--out", required=True, help="working directory (results, logs, caches)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--models", default="", help="model cache (default: OUT/models)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    model_root = Path(args.models) if args.models else out / "models"
+    chosen = tuple(c for c in CASES if not args.cases or c.name in args.cases.split(","))
+    for name in {m for c in chosen for m in (c.model, c.draft) if m}:
+        models.materialize(name, model_root)
+    results = run_arms(out, model_root, args.arms.split(","), chosen)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(report.table(results, chosen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

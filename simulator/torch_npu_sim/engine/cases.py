@@ -1,0 +1,195 @@
+"""The engine cases: a tiny model plus the engine settings one ``vllm.LLM`` is built with.
+
+A case is plain data (it crosses a process boundary as JSON). Graph and eager are two engines
+built from one case (``enforce_eager``), compared by their greedy tokens. ``stock`` records how
+the release's own update path behaves on the case's graph arms, with the error it raises; the
+tests hold stock to exactly that, so the note cannot go stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Ascend compilation extras that need Huawei packages (npugraph_ex, torchair) or CANN fusion
+#: kernels: off, so VLLM_COMPILE runs the release's own capture path with dynamo only.
+ASCEND_COMPILATION = {
+    "enable_npugraph_ex": False,
+    "fuse_norm_quant": False,
+    "fuse_qknorm_rope": False,
+    "fuse_allreduce_rms": False,
+    "fuse_muls_add": False,
+}
+NONE, VLLM_COMPILE = 0, 3
+
+#: Compilation mode NONE with FULL graphs on vllm-ascend 0.23.0.post1: the runner's
+#: ``_use_aclgraph()`` requires VLLM_COMPILE, so ``set_graph_params`` never runs while vLLM still
+#: captures FULL graphs, and the first captured attention layer finds no graph parameters
+#: (``full_graph_fia``); the runner wraps the AttributeError twice. Stock and overlay alike.
+MODE_NONE_CRASH = (
+    "crash: RuntimeError: NPUModelRunner init failed, error is NPUModelRunner failed, error is "
+    "'NoneType' object has no attribute 'workspaces'"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One engine: model, graph settings, and what stock is known to do on it."""
+
+    name: str
+    model: str
+    compilation_mode: int = VLLM_COMPILE
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    capture_sizes: tuple[int, ...] = (1, 2, 4)
+    #: The engine core in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+    multiprocess: bool = False
+    #: Batch sizes served by paged attention (``additional_config.pa_shape_list``).
+    pa_shape_list: tuple[int, ...] = ()
+    #: Draft model name, its speculative method and number of speculative tokens, or none.
+    draft: str | None = None
+    draft_method: str = "eagle3"
+    num_speculative_tokens: int = 0
+    #: Extra ``vllm.LLM`` keyword arguments.
+    engine: dict[str, Any] = field(default_factory=dict)
+    #: ``ok``, ``crash: <Type>: <message>`` or ``wrong: <why>`` for the stock graph arm.
+    stock: str = "ok"
+    #: The overlay is expected to behave like stock here (same crash): a release limitation.
+    overlay_same_as_stock: bool = False
+    #: The release cannot start this engine at all: every arm, eager included, fails so.
+    startup_error: str | None = None
+    steps: int = 1
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["capture_sizes"] = list(self.capture_sizes)
+        data["pa_shape_list"] = list(self.pa_shape_list)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Case:
+        data = dict(data)
+        data["capture_sizes"] = tuple(data.get("capture_sizes", ()))
+        data["pa_shape_list"] = tuple(data.get("pa_shape_list", ()))
+        return cls(**data)
+
+    @property
+    def reference(self) -> str:
+        """The eager reference's name: cases differing only in graph settings share it."""
+        parts = [self.model]
+        if self.draft:
+            parts.append(f"{self.draft}-k{self.num_speculative_tokens}")
+        return "+".join(parts)
+
+    def eager(self) -> Case:
+        """The eager reference case (graph settings do not apply to an eager engine)."""
+        return dataclasses.replace(
+            self, name=self.reference, multiprocess=False, pa_shape_list=(), stock="ok"
+        )
+
+
+def engine_kwargs(case: Case, model_dir: str, draft_dir: str | None, *, graph: bool) -> dict:
+    """``vllm.LLM`` keyword arguments for ``case`` (graph or eager)."""
+    additional: dict[str, Any] = {"ascend_compilation_config": dict(ASCEND_COMPILATION)}
+    if case.pa_shape_list:
+        additional["pa_shape_list"] = list(case.pa_shape_list)
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "skip_tokenizer_init": True,
+        "dtype": "float32",
+        "seed": case.seed,
+        "max_model_len": 256,
+        "max_num_seqs": 4,
+        "enable_prefix_caching": False,
+        # One thread drives the simulated device: vLLM's async output copy thread would drain
+        # the simulator's queues concurrently (its runtime is single-threaded by design).
+        "async_scheduling": False,
+        "kv_cache_memory_bytes": 64 << 20,
+        "disable_log_stats": False,
+        "enforce_eager": not graph,
+        "additional_config": additional,
+        "compilation_config": {
+            "mode": case.compilation_mode if graph else NONE,
+            "cudagraph_mode": case.cudagraph_mode if graph else "NONE",
+            "cudagraph_capture_sizes": list(case.capture_sizes),
+        },
+    }
+    if case.draft:
+        kwargs["speculative_config"] = {
+            "method": case.draft_method,
+            "model": draft_dir,
+            "num_speculative_tokens": case.num_speculative_tokens,
+        }
+    kwargs.update(case.engine)
+    return kwargs
+
+
+#: Gemma4 MTP on this release stops at its draft's config: transformers 5.5.4 (the stack's pin)
+#: has no ``gemma4_assistant`` model type, and vLLM 0.23.0 registers no config class for it.
+GEMMA4_MTP_ERROR = (
+    "The checkpoint you are trying to load has model type `gemma4_assistant` but Transformers "
+    "does not recognize this architecture."
+)
+
+
+def _qwen3(name: str, **kw: Any) -> Case:
+    return Case(name=name, model="qwen3", **kw)
+
+
+#: The engine tests' graph cases (every graph arm runs all of them).
+CASES: tuple[Case, ...] = (
+    _qwen3("qwen3/compile/decode-only"),
+    _qwen3("qwen3/compile/decode-only/mp", multiprocess=True),
+    _qwen3("qwen3/compile/full", cudagraph_mode="FULL"),
+    _qwen3(
+        "qwen3+eagle3/compile/decode-only",
+        draft="qwen3_eagle3",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+    ),
+    _qwen3("qwen3+pa/compile/decode-only", pa_shape_list=(1, 4)),
+    Case(
+        "llama-sliding+pa/compile/decode-only",
+        model="llama_sliding",
+        pa_shape_list=(1, 2, 4),
+        stock="crash: ValueError: too many values to unpack (expected 9)",
+    ),
+    Case(
+        "gemma4/compile/decode-only",
+        model="gemma4",
+        engine={"language_model_only": True},
+        stock="crash: ValueError: not enough values to unpack (expected 22, got 9)",
+    ),
+    Case(
+        # Gemma4 with its MTP draft ("gemma4_assistant" checkpoints, vLLM's gemma4_mtp).
+        "gemma4+mtp/compile/decode-only",
+        model="gemma4",
+        engine={"language_model_only": True},
+        draft="gemma4_assistant",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        startup_error=GEMMA4_MTP_ERROR,
+    ),
+    _qwen3(
+        "qwen3/none/decode-only",
+        compilation_mode=NONE,
+        stock=MODE_NONE_CRASH,
+        overlay_same_as_stock=True,
+    ),
+)
+
+#: Cases the negative control runs (relaunch skipped: tokens must differ from eager).
+CONTROL_CASES: tuple[str, ...] = (
+    "qwen3/compile/decode-only",
+    "qwen3+eagle3/compile/decode-only",
+    "gemma4/compile/decode-only",
+)
+
+
+def eager_cases(cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
+    """One eager reference per distinct model (and draft)."""
+    seen: dict[str, Case] = {}
+    for case in cases:
+        seen.setdefault(case.reference, case.eager())
+    return tuple(seen.values())

@@ -1,0 +1,160 @@
+"""What the real engine needs from a CPU host when the simulator is torch_npu.
+
+Each shim wraps one attribute of one vLLM / vllm-ascend module (or acts on the module once it is
+imported), with one line saying what the real device or torch_npu provides that the CPU host
+lacks. Post-import hooks install them, registered by the simulator's ``install()``, so they act in
+every process the engine spawns (the ``.pth`` finder serves ``torch_npu`` there) and never where a
+real torch_npu is importable (the finder then refuses and ``install()`` never runs). None of them
+touches vllm-ascend's graph capture or update code: that is the system under test.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import accelerator, hooks
+
+
+@dataclass(frozen=True)
+class Shim:
+    """``wrapper(call, args, kwargs)`` around ``module.target``; ``why`` says what the CPU host
+    lacks. With ``target`` empty, ``wrapper(module)`` runs once the module is imported."""
+
+    module: str
+    target: str
+    wrapper: Callable[..., Any]
+    why: str
+
+
+def _cpu_device(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    import torch
+
+    call(*args, **kwargs)  # the release's device set-up: distributed init, seeds, probes
+    return torch.device("cpu")
+
+
+def _false(call: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    return False
+
+
+def _load_on_cpu(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    load_config = vllm_config.load_config
+    if load_config.device is not None:
+        return call(*args, **kwargs)
+    load_config.device = "cpu"
+    try:
+        return call(*args, **kwargs)
+    finally:
+        load_config.device = None
+
+
+def _also_for_cpu(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    from vllm.platforms import current_platform
+    from vllm.utils import torch_utils
+
+    result = call(*args, **kwargs)
+    bound = inspect.signature(call).bind(*args, **kwargs)
+    bound.apply_defaults()
+    key = bound.arguments["dispatch_key"] or current_platform.dispatch_key
+    if key == "PrivateUse1":
+        library = bound.arguments["target_lib"] or torch_utils.vllm_lib
+        library.impl(bound.arguments["op_name"], bound.arguments["op_func"], dispatch_key="CPU")
+    return result
+
+
+def _custom_ops_probed(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    from vllm_ascend.utils import enable_custom_op
+
+    enable_custom_op()  # cached from now on: the compiled forward only reads the answer
+    return call(*args, **kwargs)
+
+
+def _triton_references(module: Any) -> None:
+    from . import triton_refs
+
+    triton_refs.install(module)
+
+
+SHIMS: tuple[Shim, ...] = (
+    Shim(
+        "vllm_ascend.worker.worker",
+        "NPUWorker._init_device",
+        _cpu_device,
+        "npu:0 is a PrivateUse1 device with an allocator on hardware; here tensors live on CPU",
+    ),
+    Shim(
+        "vllm_ascend.platform",
+        "NPUPlatform.is_pin_memory_available",
+        _false,
+        "torch_npu pins host memory for the NPU; CPU torch cannot pin without an accelerator",
+    ),
+    Shim(
+        "vllm.model_executor.model_loader.base_loader",
+        "BaseModelLoader.load_model",
+        _load_on_cpu,
+        "weights are built on the device (npu) on hardware; the simulated device is CPU memory",
+    ),
+    Shim(
+        "vllm.utils.torch_utils",
+        "direct_register_custom_op",
+        _also_for_cpu,
+        "NPU tensors dispatch custom ops to their PrivateUse1 kernel; simulated tensors are CPU",
+    ),
+    Shim(
+        "vllm_ascend.worker.model_runner_v1",
+        "NPUModelRunner.load_model",
+        _custom_ops_probed,
+        "vllm_ascend_C (built with CANN) imports on hardware; here the import fails, and dynamo "
+        "cannot trace enable_custom_op()'s failing first import: probe it once before compiling",
+    ),
+    Shim(
+        "vllm.triton_utils",
+        "",
+        _triton_references,
+        "triton-ascend compiles vLLM's Triton kernels for the NPU; here torch references run them",
+    ),
+)
+
+_applied = False
+
+
+def apply(shims: tuple[Shim, ...] = SHIMS) -> None:
+    """Register every shim's post-import hook and the torch-level shims (once per process)."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    for shim in shims:
+        hooks.when_imported(shim.module, _installer(shim))
+    _tensor_methods()
+    accelerator.install()
+
+
+def _installer(shim: Shim) -> hooks.Hook:
+    def install(module: Any) -> None:
+        if shim.target:
+            hooks.wrap(module, shim.target, shim.wrapper)
+        else:
+            shim.wrapper(module)
+
+    return install
+
+
+def _tensor_methods() -> None:
+    """``Tensor.npu()`` / ``Tensor.is_npu``: torch_npu adds them (a copy to the NPU, and whether a
+    tensor lives there); the simulated device is CPU memory, so ``.npu()`` is the tensor itself
+    and ``is_npu`` says what the tensor's device says."""
+    import torch
+
+    if not hasattr(torch.Tensor, "npu"):
+        torch.Tensor.npu = _identity_npu  # type: ignore[attr-defined]
+    if not hasattr(torch.Tensor, "is_npu"):
+        torch.Tensor.is_npu = property(lambda self: self.device.type == "npu")  # type: ignore[attr-defined]
+
+
+def _identity_npu(self: Any, device: Any = None, non_blocking: bool = False, **_kw: Any) -> Any:
+    return self

@@ -1,0 +1,209 @@
+"""The proof of record: the real vLLM engine, vllm-ascend's real runner and graph code, on the
+simulator, with tiny models built here (``torch_npu_sim.engine``).
+
+A module fixture runs every arm once, each in a fresh interpreter, two at a time: eager, stock
+(overlay off), overlay (on), verify, and the negative control (overlay on, every relaunch
+skipped). Each arm runs its cases (``torch_npu_sim.engine.cases``) one after another in forked
+children of one process. Then:
+
+- every graph arm's greedy tokens equal eager's, except where stock is known to fail on the
+  release (the case says how; the stock arm must fail exactly so, the overlay must still equal
+  eager), or where the release cannot run the case at all (both fail the same way);
+- the overlay's counters, read in the process that ran the model runner (by RPC into the engine
+  core when it has its own process), show it owned every captured graph and made every update;
+- verify compares stock's update with the overlay's at every replay: no mismatch where stock is
+  right, and stock's failures counted where it crashes;
+- the draft reports its acceptance rate in every arm, equal to eager's in every graph arm (tokens
+  alone cannot show a wrong draft graph: speculative decoding is lossless);
+- the negative control's tokens differ from eager's: the comparison can fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torch_npu_sim.engine import arms, cases, models, report
+
+# The module fixture runs every arm (about five minutes on two cores): its first test pays it.
+pytestmark = pytest.mark.timeout(1800)
+
+GRAPH_ARMS = ("stock", "overlay", "verify")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("engine")
+    model_root = root / "models"
+    for name in sorted({m for c in cases.CASES for m in (c.model, c.draft) if m}):
+        models.materialize(name, model_root)
+    out = arms.run_arms(root, model_root)
+    table = report.table(out, cases.CASES)
+    (root / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    yield out
+
+
+def _arm(results: dict[str, Any], arm: str) -> dict[str, Any]:
+    data = results[arm]
+    assert not data.get("error"), f"arm {arm} did not run: {data['error']}"
+    return data["cases"]
+
+
+def _failures(rows: list[str]) -> str:
+    return "\n".join(["case | arm | what", "--- | --- | ---", *rows])
+
+
+def _expected_error(case: cases.Case, arm: str) -> str | None:
+    """The error ``arm`` must fail with on ``case`` (None: it must run)."""
+    if case.startup_error:
+        return case.startup_error
+    if not case.stock.startswith("crash: ") or arm == "eager":
+        return None
+    if arm == "stock" or case.overlay_same_as_stock:
+        return case.stock.removeprefix("crash: ")
+    return None
+
+
+def _check_outcome(record: dict[str, Any], case: cases.Case, arm: str, reference: Any) -> str:
+    """What is wrong with ``arm``'s outcome on ``case`` (empty: nothing)."""
+    expected = _expected_error(case, arm)
+    error = record.get("error")
+    if expected is not None:  # the first line, or further down the exception's message
+        found = error and expected in error + (record.get("traceback") or "")
+        return "" if found else f"expected {expected!r}, got {error}"
+    if error:
+        return f"crashed: {error}"
+    if reference is not None and record["tokens"] != reference:
+        return f"tokens {record['tokens']} != eager {reference}"
+    return ""
+
+
+def test_eager_reference_runs_and_is_not_degenerate(results: dict[str, Any]) -> None:
+    eager = _arm(results, "eager")
+    bad = []
+    for case in cases.eager_cases():
+        record = eager.get(case.name) or {"error": "missing"}
+        problem = _check_outcome(record, case, "eager", None)
+        if problem or case.startup_error:
+            bad += [f"{case.name} | eager | {problem}"] if problem else []
+            continue
+        requests = record["tokens"][0]
+        distinct = {t for r in requests for t in r}
+        if len(distinct) < len(requests) * 2 or len({tuple(r) for r in requests}) < len(requests):
+            bad.append(f"{case.name} | eager | degenerate tokens {requests}")
+    assert not bad, _failures(bad)
+
+
+@pytest.mark.parametrize("arm", GRAPH_ARMS)
+def test_graph_arm_tokens_equal_eager(results: dict[str, Any], arm: str) -> None:
+    records, eager = _arm(results, arm), _arm(results, "eager")
+    bad = []
+    for case in cases.CASES:
+        record = records.get(case.name) or {"error": "missing"}
+        reference = (eager.get(case.reference) or {}).get("tokens")
+        problem = _check_outcome(record, case, arm, reference)
+        if problem:
+            bad.append(f"{case.name} | {arm} | {problem}")
+    assert not bad, _failures(bad)
+
+
+@pytest.mark.parametrize("arm", ("overlay", "verify"))
+def test_overlay_owns_every_graph_and_makes_every_update(results: dict[str, Any], arm: str) -> None:
+    """In the runner's process: every captured graph owned, every replay updated by the overlay
+    (or, in verify, compared), every task update the simulator applied is one the overlay made
+    or checked, and nothing went to stock's path or a fallback."""
+    bad = []
+    for case in cases.CASES:
+        record = _arm(results, arm).get(case.name) or {}
+        if record.get("error"):
+            continue  # covered by the tokens test
+        figures = report.runner(record)
+        overlay, sim = figures.get("overlay") or {}, figures.get("sim") or {}
+        counters = overlay.get("counters") or {}
+        problems = []
+        if counters.get("graphs.owned") != sim.get("captures") or not sim.get("captures"):
+            problems.append(f"owned {counters.get('graphs.owned')} of {sim.get('captures')}")
+        updates = "verify.updates" if arm == "verify" else "updates.owned"
+        if counters.get(updates) != sim.get("replays"):
+            problems.append(f"{updates} {counters.get(updates)} for {sim.get('replays')} replays")
+        # verify applies stock's update after comparing it (verify.tasks), or the overlay's where
+        # stock's dry run failed (tasks.updated): together, every task update applied.
+        tasks = counters.get("tasks.updated", 0) + counters.get("verify.tasks", 0)
+        if tasks != sim.get("updates") or not tasks:
+            problems.append(f"{tasks} tasks updated or checked for {sim.get('updates')} updates")
+        leaks = {k: v for k, v in counters.items() if k.startswith(("errors.", "fallback."))}
+        leaks.update({k: v for k, v in counters.items() if k == "updates.stock.unowned"})
+        if leaks:
+            problems.append(f"went elsewhere: {leaks}")
+        if (figures.get("pid") == record.get("arm_pid")) == case.multiprocess:
+            problems.append(f"figures from pid {figures.get('pid')}, not the runner's process")
+        if problems:
+            bad.append(f"{case.name} | {arm} | " + "; ".join(problems))
+    assert not bad, _failures(bad)
+
+
+def test_verify_finds_no_mismatch_where_stock_is_right(results: dict[str, Any]) -> None:
+    bad = []
+    for case in cases.CASES:
+        record = _arm(results, "verify").get(case.name) or {}
+        if record.get("error"):
+            continue  # covered by the tokens test
+        counters = (report.runner(record).get("overlay") or {}).get("counters") or {}
+        mismatches = counters.get("verify.mismatches", 0)
+        failed = counters.get("verify.stock_failed", 0)
+        if case.stock == "ok" and (mismatches or failed or not counters.get("verify.tasks")):
+            bad.append(f"{case.name} | verify | {mismatches} mismatches, stock failed {failed}")
+        if case.stock.startswith("crash") and not failed:
+            bad.append(f"{case.name} | verify | stock is known to crash but no dry run failed")
+    assert not bad, _failures(bad)
+
+
+def test_drafts_report_acceptance_equal_to_eager(results: dict[str, Any]) -> None:
+    bad = []
+    for case in (c for c in cases.CASES if c.draft and not c.startup_error):
+        reference = _arm(results, "eager")[case.reference].get("spec") or {}
+        if not reference.get("accepted_tokens"):
+            bad.append(f"{case.name} | eager | no draft token accepted: {reference}")
+            continue
+        for arm in GRAPH_ARMS:
+            spec = (_arm(results, arm).get(case.name) or {}).get("spec") or {}
+            same = all(spec.get(k) == reference[k] for k in ("accepted_tokens", "draft_tokens"))
+            if not same:
+                bad.append(f"{case.name} | {arm} | acceptance {spec} != eager {reference}")
+    assert not bad, _failures(bad)
+
+
+def test_negative_control_differs_from_eager(results: dict[str, Any]) -> None:
+    """Relaunches skipped, events still recorded: the outcome must change, or the tests above
+    could not fail. Other tokens; or an error where a task replayed with its captured arguments
+    cannot run (PA captured at kv length 6144, beyond the block table and its workspace: hardware
+    would read garbage). At least one case must run to its end with other tokens."""
+    control, eager = _arm(results, "control"), _arm(results, "eager")
+    bad, differing = [], 0
+    for name in cases.CONTROL_CASES:
+        case = next(c for c in cases.CASES if c.name == name)
+        record = control.get(name) or {"error": "missing"}
+        sim = report.runner(record).get("sim") or {}
+        if record.get("error"):
+            continue  # not eager's outcome either
+        if record["tokens"] == eager[case.reference]["tokens"]:
+            bad.append(f"{name} | control | tokens equal eager's although no relaunch ran")
+        elif not sim.get("relaunches_skipped"):
+            bad.append(f"{name} | control | no relaunch was skipped: {sim}")
+        else:
+            differing += 1
+    if not differing:
+        bad.append("all | control | no case ran to its end with other tokens")
+    assert not bad, _failures(bad)
+
+
+def test_tiny_models_are_cached_by_recipe(tmp_path: Path) -> None:
+    first = models.materialize("qwen3", tmp_path)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert models.materialize("qwen3", tmp_path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert first.name == f"qwen3-{models.MODELS['qwen3'].key()}"

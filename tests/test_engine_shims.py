@@ -1,0 +1,159 @@
+"""The engine shims (``torch_npu_sim.engine``): active when the simulator is torch_npu, and only
+then; each gives the real engine what the CPU host lacks, and nothing else; the Triton reference
+matches the kernel's statement; the post-import hooks act whatever the import order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_npu_sim.engine import hooks, shims, triton_refs
+from torch_npu_sim.runtime import SimulatorError
+
+
+def test_every_shim_says_what_the_host_lacks() -> None:
+    for shim in shims.SHIMS:
+        assert shim.why and len(shim.why) > 30, shim
+
+
+def test_shims_act_in_this_simulated_process() -> None:
+    from vllm.platforms import current_platform
+    from vllm_ascend.platform import NPUPlatform
+
+    assert NPUPlatform.is_pin_memory_available() is False
+    assert current_platform.is_pin_memory_available() is False
+    x = torch.ones(2)
+    assert x.npu() is x and x.is_npu is False
+    torch.accelerator.synchronize()  # reaches the simulator, not the missing device hooks
+    assert torch.accelerator.current_device_index() == 0
+
+
+def test_custom_ops_get_a_cpu_kernel_only_for_the_npu_key() -> None:
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    assert getattr(direct_register_custom_op, hooks.MARK, False)
+    lib = torch.library.Library("simshimtest", "FRAGMENT")
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    direct_register_custom_op("double", double, target_lib=lib, dispatch_key="PrivateUse1")
+    assert torch.equal(torch.ops.simshimtest.double(torch.ones(2)), torch.full((2,), 2.0))
+
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    direct_register_custom_op("triple", triple, target_lib=lib, dispatch_key="CPU")
+    # A CPU registration stays the caller's own (a second CPU kernel would be refused).
+    assert torch.equal(torch.ops.simshimtest.triple(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_no_shim_without_the_simulator(tmp_path: Path) -> None:
+    """A real torch_npu on the path: the finder refuses, install() never runs, nothing is
+    shimmed (a stand-in package plays the real torch_npu; no vLLM import needed)."""
+    fake = tmp_path / "torch_npu"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("REAL = True\n")
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch_npu
+        print(getattr(torch_npu, "REAL", False), "torch_npu_sim.engine" in sys.modules,
+              "torch_npu_sim._install_impl" in sys.modules)
+        """
+    )
+    env = {**os.environ, "TORCH_NPU_SIM": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "False"]
+
+
+def test_post_import_hook_runs_after_the_module_executes(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "simhook_target.py").write_text("def f():\n    return 1\nVALUE = 'done'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+
+    def hook(module: types.ModuleType) -> None:
+        seen.append(module.VALUE)  # the module's body has run
+        hooks.wrap(module, "f", lambda call, args, kwargs: call(*args, **kwargs) + 1)
+
+    hooks.when_imported("simhook_target", hook)
+    from simhook_target import f  # noqa: PLC0415 - the import under test
+
+    assert seen == ["done"] and f() == 2
+    hooks.when_imported("simhook_target", lambda m: seen.append("now"))  # already imported
+    assert seen == ["done", "now"]
+    sys.modules.pop("simhook_target", None)
+
+
+def test_wrap_keeps_the_receiver_of_methods() -> None:
+    class Owner:
+        def method(self, x: int) -> tuple:
+            return (self, x)
+
+        @classmethod
+        def klass(cls, x: int) -> tuple:
+            return (cls, x)
+
+    module = types.ModuleType("simhook_owner")
+    module.Owner = Owner
+    calls: list[tuple] = []
+
+    def spy(call, args, kwargs):
+        calls.append(args)
+        return call(*args, **kwargs)
+
+    hooks.wrap(module, "Owner.method", spy)
+    hooks.wrap(module, "Owner.klass", spy)
+    hooks.wrap(module, "Owner.klass", spy)  # a second install is a no-op
+    owner = Owner()
+    assert owner.method(3) == (owner, 3) and Owner.klass(4) == (Owner, 4)
+    assert calls == [(3,), (4,)]
+
+
+def slot_mapping_oracle(
+    starts: list[int], positions: list[int], table: list[list[int]], block_size: int, n: int
+) -> list[int]:
+    slots = [-1] * n
+    for r in range(len(starts) - 1):
+        for t in range(starts[r], starts[r + 1]):
+            pos = positions[t]
+            slots[t] = table[r][pos // block_size] * block_size + pos % block_size
+    return slots
+
+
+def test_slot_mapping_reference_matches_the_kernels_statement() -> None:
+    starts, positions = [0, 3, 4, 9], [0, 1, 2, 7, 3, 4, 5, 6, 7, 99, 99]
+    table = [[5, 6, 0], [2, 1, 0], [7, 3, 4]]
+    slots = torch.full((12,), 123, dtype=torch.int64)
+    triton_refs.compute_slot_mapping(
+        (4,), 9, 12, torch.tensor(starts, dtype=torch.int32), torch.tensor(positions),
+        torch.tensor(table, dtype=torch.int32), 3, 4, slots,
+        TOTAL_CP_WORLD_SIZE=1, TOTAL_CP_RANK=0, CP_KV_CACHE_INTERLEAVE_SIZE=1, PAD_ID=-1,
+        BLOCK_SIZE=1024,
+    )  # fmt: skip
+    assert slots.tolist() == slot_mapping_oracle(starts, positions, table, 4, 12)
+
+
+def test_triton_launches_resolve_to_references_or_fail_loudly() -> None:
+    from vllm.triton_utils import triton
+    from vllm.v1.worker import block_table
+
+    assert isinstance(block_table._compute_slot_mapping_kernel, triton_refs.KernelStub)
+
+    @triton.jit
+    def unknown_kernel(x):  # noqa: ANN001, ANN202
+        return x
+
+    with pytest.raises(SimulatorError, match="unknown_kernel has no torch reference"):
+        unknown_kernel[(1,)](torch.ones(1))
