@@ -133,6 +133,10 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
 
     case = Case.from_json(data)
     graph = bool(spec["graph"])
+    if case.repairs:  # this case's process only (forked): every later engine process inherits it
+        from .repairs import ENV_VAR
+
+        os.environ[ENV_VAR] = ",".join(case.repairs)
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
     pids_before = _status_pids(status_dir)
     seen: dict[str, Any] = {}
