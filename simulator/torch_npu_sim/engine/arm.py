@@ -182,7 +182,21 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
     the simulator's runtime counters there, and that process's pid."""
     from .. import runtime
 
-    return {"pid": os.getpid(), "overlay": _overlay_here(), "sim": runtime.stats()}
+    return {
+        "pid": os.getpid(),
+        "overlay": _overlay_here(),
+        "sim": runtime.stats(),
+        "draft_groups": _draft_groups(worker),
+    }
+
+
+def _draft_groups(worker: Any) -> list[dict[str, Any]] | None:
+    """The proposer's draft attention groups: KV-cache group id and layers, in its order."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    groups = getattr(drafter, "draft_attn_groups", None)
+    if not groups:
+        return None
+    return [{"gid": g.kv_cache_group_id, "layers": list(g.layer_names)} for g in groups]
 
 
 def _overlay_here() -> dict[str, Any] | None:
@@ -194,8 +208,16 @@ def _overlay_here() -> dict[str, Any] | None:
     if settings.mode() == settings.OFF:
         return None
     snap = status.snapshot()
+    from ascend_graph_patch.core.registry import REGISTRY
+
     return {
         "processes": 1,
+        # (metadata key, draft step) of each task, per owned draft graph
+        "draft_tasks": [
+            [[t.metadata_key, t.step] for t in g.tasks]
+            for g in REGISTRY.graphs()
+            if g.role == "draft"
+        ],
         "mode": snap.get("mode"),
         "graphs_owned": snap.get("graphs_owned", 0),
         "tasks_per_kind": snap.get("tasks_per_kind") or {},

@@ -216,6 +216,7 @@ CONTROL_CASES: tuple[str, ...] = (
     "qwen3/compile/decode-only",
     "qwen3+eagle3/compile/decode-only",
     "gemma4/compile/decode-only",
+    "step3p5+mtp/compile/decode-only/repaired",
 )
 
 
