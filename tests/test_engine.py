@@ -195,8 +195,9 @@ def test_step3p5_draft_tasks_read_their_own_kv_group(results: dict[str, Any], ar
     draft_tasks = (figures.get("overlay") or {}).get("draft_tasks") or []
     case = next(c for c in cases.CASES if c.name == STEP3P5)
     assert len(draft_tasks) == len(case.capture_sizes), draft_tasks  # one per size
-    for tasks in draft_tasks:
-        assert sorted(map(tuple, tasks)) == sorted(own.items()), (tasks, groups)
+    want = sorted((layer, layer, step) for layer, step in own.items())
+    for tasks in draft_tasks:  # (layer, metadata key, step): the layer's own key, its group's step
+        assert sorted(map(tuple, tasks)) == want, (tasks, groups)
 
 
 def test_negative_control_differs_from_eager(results: dict[str, Any]) -> None:

@@ -212,9 +212,9 @@ def _overlay_here() -> dict[str, Any] | None:
 
     return {
         "processes": 1,
-        # (metadata key, draft step) of each task, per owned draft graph
+        # (layer, metadata key, draft step) of each task, per owned draft graph
         "draft_tasks": [
-            [[t.metadata_key, t.step] for t in g.tasks]
+            [[t.layer_name, t.metadata_key, t.step] for t in g.tasks]
             for g in REGISTRY.graphs()
             if g.role == "draft"
         ],
