@@ -286,3 +286,53 @@ def test_update_waiting_on_its_own_replay_is_a_deadlock(
                 assert "fault:apply:SimulatorError" in state.STATE.warned
     finally:
         engine.close()
+
+
+def _shapes() -> dict[str, tuple[list[dict], int, str]]:
+    """name -> (draft_attn_metadatas, index of the current entry, key being captured)."""
+    m0, m1 = object(), object()
+    return {
+        # the generic proposer: every draft layer, one object per step
+        "generic": ([{"a": m0, "b": m0}, {"a": m1, "b": m1}], 1, "b"),
+        # Step3.5 MTP: one dict per KV-cache group, the layer's own group current at its step
+        "per_kv_group": ([{"a": m0}, {"b": m1}], 1, "b"),
+        # refused: the current step's dict does not list the layer
+        "key_absent": ([{"a": m0}, {"b": m1}], 0, "b"),
+        # refused: two groups' objects in one step's dict (no proposer of the line does this)
+        "two_objects": ([{"a": m0, "b": m1}, {"a": m0, "b": m1}], 1, "a"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ("generic", 1),
+        ("per_kv_group", 1),
+        ("key_absent", "does not list 'b'"),
+        ("two_objects", "holds 2 metadata objects"),
+    ],
+)
+def test_draft_step_follows_the_proposers_shapes(
+    shape: str, expected: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At capture a draft task's step is the entry the proposer made current; the entry must
+    list the task's key with one metadata object, or the graph is refused (and goes to stock)."""
+    from types import SimpleNamespace
+
+    from ascend_graph_patch.aspects import attention
+    from ascend_graph_patch.core.graph import CaptureRefused
+    from ascend_graph_patch.core.kinds import DRAFT, TARGET
+
+    per_step, current, key = _shapes()[shape]
+    context = SimpleNamespace(draft_attn_metadatas=per_step, attn_metadata=per_step[current])
+    monkeypatch.setattr(attention, "get_forward_context", lambda: context)
+    assert attention._draft_step(TARGET, key) == 0
+    if isinstance(expected, int):
+        assert attention._draft_step(DRAFT, key) == expected
+        return
+    with pytest.raises(CaptureRefused, match="draft metadata shape not understood") as refused:
+        attention._draft_step(DRAFT, key)
+    assert expected in str(refused.value)
+    context.attn_metadata = {"a": object()}  # not one of the entries: no step to bind
+    with pytest.raises(CaptureRefused, match="not recoverable"):
+        attention._draft_step(DRAFT, key)
