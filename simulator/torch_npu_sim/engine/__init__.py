@@ -16,7 +16,9 @@ def apply() -> None:
 
     Also arms the tests' negative control when its variable is set (see ``control``).
     """
-    from . import control, shims
+    from . import ascend_c_ops, control, repairs, shims
 
     control.install()
     shims.apply()
+    ascend_c_ops.install()
+    repairs.install()
