@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     if not args.no_capture:
         result.capture = core.capture_overhead(
-            28 if not args.quick else 8, 64, 5 if args.quick else 11
+            28 if not args.quick else 8, 64, 7 if args.quick else 21
         )
     if not args.no_startup:
         result.startup = core.startup_cost(3 if args.quick else 7)
