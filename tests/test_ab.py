@@ -296,7 +296,7 @@ def test_vllm_worker_real_api_engine_mocked(mocker, tmp_path: Path):
     params = gen.call_args.args[2]
     assert params.temperature == 0.0 and params.max_tokens == 7
     case = body["cases"][0]
-    assert case["status"] == "ok" and case["tokens"] == [[0, 1], [1, 2]]
+    assert case["status"] == "ok" and case["tokens"] == [[[0, 1], [1, 2]]]  # one step
     assert case["texts"] == ["out0", "out1"]
 
 

@@ -1,10 +1,11 @@
-"""vLLM arm worker (Ascend hosts): offline greedy inference with ``vllm.LLM`` in this process.
+"""vLLM arm worker: offline greedy inference with ``vllm.LLM`` (an Ascend host, or the simulator).
 
 The toggle (``ASCEND_GRAPH_PATCH``) was set by the orchestrator before this interpreter started,
-so the ``.pth`` loader has already decided whether the overlay installs. The update entry points
-are timed with wrapt wrappers; that only sees the model runner if it runs in this process, so the
-orchestrator sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (with tensor parallelism the runners live in
-other processes and the timing comes back empty; the outputs are still compared).
+so the ``.pth`` loader has already decided whether the overlay installs, in this process and in
+every process vLLM starts (engine core, tensor-parallel workers). The counters and update timings
+of those processes reach the orchestrator through their status files (``status_files``); the
+figures taken here (this process only) are the fallback where no status file was written. The
+``eager`` arm builds the engine with ``enforce_eager`` (the reference tokens).
 
 Run as ``python -m ascend_graph_patch.ab.worker_vllm --spec S --result R [--progress P]``.
 """
@@ -62,6 +63,8 @@ def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[
 
     kwargs = engine_kwargs(spec["model"], spec.get("engine_args", []))
     kwargs.setdefault("seed", int(spec["seed"]))
+    if spec.get("enforce_eager"):
+        kwargs["enforce_eager"] = True
     llm = LLM(model=spec["model"], **kwargs)
     params = SamplingParams(
         temperature=0.0,
@@ -69,10 +72,15 @@ def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[
         seed=int(spec["seed"]),
         logprobs=1,
     )
-    prompts = list(spec.get("prompts") or DEFAULT_PROMPTS)
+    prompts = [as_prompt(p) for p in spec.get("prompts") or DEFAULT_PROMPTS]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     progress.advance(len(prompts), force=True)
     return list(outputs), kwargs
+
+
+def as_prompt(prompt: str | list[int]) -> Any:
+    """A text prompt, or token ids (a model without a tokenizer: ``--skip-tokenizer-init``)."""
+    return {"prompt_token_ids": list(prompt)} if isinstance(prompt, list) else prompt
 
 
 def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, Any]:
@@ -101,9 +109,9 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
             traceback=traceback.format_exc(),
         )
         outputs = []
-    by_prompt = {o.prompt: o for o in outputs}
-    for prompt in prompts:
-        out = by_prompt.get(prompt)
+    # LLM.generate returns one output per prompt, in the prompts' order.
+    for index, prompt in enumerate(prompts):
+        out = outputs[index] if index < len(outputs) else None
         if out is None or not out.outputs:
             if case["status"] == "ok":
                 case.update(status="error", error=f"no output for prompt {prompt!r}")
@@ -112,7 +120,9 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
         case["tokens"].append([int(t) for t in first.token_ids])
         case["texts"].append(first.text)
         case["cumulative_logprob"].append(first.cumulative_logprob)
-    case["rows"] = [1] * len(case["tokens"])
+    # One step holding every request: the report shows a divergence as request, position.
+    case["tokens"] = [case["tokens"]] if case["tokens"] else []
+    case["rows"] = [len(case["tokens"][0])] if case["tokens"] else []
     case["steps_done"] = len(case["tokens"])
     # vLLM interleaves prompts in one batch: every timed update call is one step of the engine.
     case["update_ns"] = list(timer.samples)
