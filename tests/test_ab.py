@@ -21,18 +21,40 @@ FAKE_WORKER = textwrap.dedent('''
 
     ARM = {"off": "stock", "on": "patched", "verify": "verify"}
 
+    def engine_core(n):  # a model runner in another process, ending in os._exit (vLLM's)
+        from ascend_graph_patch import state
+        for _ in range(n):
+            state.count("updates.owned")
+
     def run(spec, progress, out_dir):
-        arm = ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        arm = spec["arm"] if spec["arm"] == "eager" else ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        if os.environ.get("FAKE_ENGINE_CORE") and arm == "patched":
+            import multiprocessing
+            proc = multiprocessing.get_context("fork").Process(target=engine_core, args=(9,))
+            proc.start()
+            proc.join()
         if os.environ.get("FAKE_CRASH") == arm:
             os._exit(7)
         if os.environ.get("FAKE_SLEEP") == arm:
             time.sleep(60)
         cases = []
+        engine = os.environ.get("FAKE_ENGINE")
+        wrong = os.environ.get("FAKE_EXPECT", "").startswith("wrong")
         for name in spec["cases"]:
-            tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
-            logits = array("f", [float(t) for row in tokens for t in row])
-            if os.environ.get("FAKE_DIFF") == arm:
-                tokens[-1][0] += 1
+            if engine:  # a real engine's shape: steps x requests x positions, no eager run
+                tokens = [[[r, r + 1, r + 2] for r in range(3)] for _ in range(spec["steps"])]
+                if os.environ.get("FAKE_DIFF") == arm:
+                    tokens[0][1][2] = 99
+                if wrong and arm == "stock":
+                    tokens[0][0][0] = 77
+                logits = array("f")
+            else:
+                tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
+                if wrong and arm == "stock":
+                    tokens[0][0] = 4
+                logits = array("f", [float(t) for row in tokens for t in row])
+                if os.environ.get("FAKE_DIFF") == arm:
+                    tokens[-1][0] += 1
             if os.environ.get("FAKE_LOGITS") == arm:
                 logits[0] += 0.5
             with open(out_dir / f"{name}.f32", "wb") as f:
@@ -46,6 +68,14 @@ FAKE_WORKER = textwrap.dedent('''
                     "update_ns": [(2000 if arm == "stock" else 1000) + i
                                   for i in range(spec["steps"])],
                     "counters": counters, "env_hashseed": os.environ.get("PYTHONHASHSEED")}
+            if os.environ.get("FAKE_NO_TIMING"):
+                case["update_ns"] = []
+            if engine:
+                case.update(kind="engine", reference="eager arm", logits_file=None)
+                del case["eager"]
+            if wrong and not engine:
+                bad = arm == "stock" or os.environ.get("FAKE_DIFF") == arm
+                case["eager"]["token_mismatches"] = 3 if bad else 0
             if arm == "stock" and os.environ.get("FAKE_STOCK_ERROR"):
                 case.update(status="error", error=os.environ["FAKE_STOCK_ERROR"],
                             tokens=[], update_ns=[])
@@ -198,6 +228,78 @@ def test_ineffective_overlay_fails(fake_cfg):
     assert summary.verdict == compare.INEFFECTIVE and summary.exit_code == 1
 
 
+def test_stock_known_wrong_passes_only_where_patched_is_right_or_as_stock(fake_cfg):
+    env = {"FAKE_EXPECT": "wrong: positional pairing"}
+    _, summary = _run(fake_cfg(env=env, verify=True))
+    assert summary.verdict == compare.PASS and summary.exit_code == 0, summary.problems
+    assert all(c.verdict == compare.PASS_WRONG for c in summary.cases)
+    assert summary.cases[0].correctness["patched"] == "equal"
+    assert summary.cases[0].correctness["stock"].startswith("3 token(s) differ")
+
+    env["FAKE_DIFF"] = "patched"  # negative control: patched equals neither eager nor stock
+    _, summary = _run(fake_cfg(env=env))
+    assert summary.verdict == compare.DIFF and summary.exit_code == 1
+
+
+def test_engine_cases_are_judged_against_the_eager_arm(fake_cfg):
+    cfg = fake_cfg(env={"FAKE_ENGINE": "1"}, eager=True, steps=2)
+    runs, summary = _run(cfg)
+    assert [r.arm for r in runs] == ["eager", "stock", "patched", "patched", "stock"]
+    assert summary.verdict == compare.PASS, summary.problems
+    assert summary.cases[0].correctness == {
+        "eager": "reference",
+        "stock": "equal",
+        "patched": "equal",
+    }
+
+    _, summary = _run(fake_cfg(env={"FAKE_ENGINE": "1", "FAKE_DIFF": "patched"}, eager=True))
+    assert summary.verdict == compare.DIFF and summary.exit_code == 1
+    where = summary.cases[0].correctness["patched"]
+    assert where == "differs at step 0, request 1, position 2: 3 vs 99"
+
+    _, summary = _run(fake_cfg(env={"FAKE_ENGINE": "1", "FAKE_CRASH": "eager"}, eager=True))
+    assert summary.verdict == compare.CRASH and summary.exit_code == 3  # no reference
+
+
+def test_empty_timing_still_writes_every_report(fake_cfg):
+    cfg = fake_cfg(env={"FAKE_NO_TIMING": "1"})
+    runs, summary = _run(cfg)
+    assert summary.verdict == compare.PASS and summary.speed == "no timing"
+    paths = report.write(cfg, summary, runs)
+    assert paths["plot_error"] is None or "matplotlib" in paths["plot_error"]
+    assert "No timing samples." in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["exit_code"] == 0
+
+
+def test_a_crashed_arm_still_gets_a_report_and_exit_3(
+    fake_worker: Path, tmp_path: Path, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_CRASH", "patched")
+    argv = ("--worker", str(fake_worker), "--scenarios", "alpha", "--no-progress", "--out")
+    assert command.run(_args(*argv, str(tmp_path / "c"))) == 3
+    data = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert data["verdict"] == "CRASH" and data["exit_code"] == 3
+    assert "CRASH" in (tmp_path / "c" / "report.md").read_text()
+
+
+def test_counters_of_a_separate_engine_core_process_are_merged(fake_cfg):
+    """vLLM's engine core runs the model runner in a child that ends in ``os._exit``: its
+    status file, not the worker's own counters, carries what the overlay did."""
+    cfg = fake_cfg(
+        env={"FAKE_ENGINE_CORE": "1", "FAKE_INEFFECTIVE": "1"},
+        workload="vllm",
+        model="fake",
+        order=["stock", "patched"],
+    )
+    runs, summary = _run(cfg)
+    patched = runs[1].result
+    assert patched["processes"]["count"] == 2  # the worker and its engine core
+    (core,) = [p for p in patched["processes"]["per_process"] if p["counters"]]
+    assert core["pid"] != patched["pid"]
+    assert patched["cases"][0]["counters"]["updates.owned"] == 9
+    assert summary.verdict == compare.PASS, summary.problems
+
+
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -223,6 +325,7 @@ def test_command_exit_codes(fake_worker: Path, tmp_path: Path, monkeypatch, caps
     monkeypatch.setenv("FAKE_CRASH", "stock")
     assert command.run(_args(*base, str(tmp_path / "c"))) == 3
     assert "CRASH" in capsys.readouterr().out
+    assert (tmp_path / "c" / "report.json").is_file() and (tmp_path / "c" / "report.md").is_file()
 
 
 def test_usage_errors(tmp_path: Path, capsys):

@@ -192,7 +192,7 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
 def plan_runs(cfg: ABConfig) -> list[ArmRun]:
     runs = []
     seen: dict[str, int] = {}
-    order = cfg.order or schedule(cfg.repeats, cfg.verify)
+    order = cfg.order or schedule(cfg.repeats, cfg.verify, cfg.eager)
     for index, arm in enumerate(order):
         seen[arm] = seen.get(arm, 0) + 1
         run_dir = cfg.out / "arms" / f"{index:02d}-{arm}"
