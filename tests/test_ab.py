@@ -442,3 +442,73 @@ def test_real_sim_ab_end_to_end(tmp_path: Path):
     assert len(patched["update_ns"]) == 3 and case.ratio is not None
     paths = report.write(cfg, summary, runs)
     assert json.loads(paths["json"].read_text())["verdict"] == "PASS"
+
+
+# --- the --model path, end to end on the simulator with a tiny local model --------------------
+
+#: vLLM engine args for the tiny model on this CPU host (as the engine cases set them).
+TINY_ENGINE_ARGS = (
+    "--skip-tokenizer-init",
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "4",
+    "--no-enable-prefix-caching",
+    "--no-async-scheduling",  # one thread drives the simulated device
+    "--kv-cache-memory-bytes",
+    str(64 << 20),
+    "--compilation-config",
+    '{"mode": 3, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}',
+    "--additional-config",
+    json.dumps({"ascend_compilation_config": {"enable_npugraph_ex": False}}),
+)
+
+
+def test_model_path_end_to_end_on_the_simulator(tmp_path: Path, monkeypatch, capsys):
+    """``ab --model DIR``: real vLLM in every arm, the engine core in its own process (vLLM's
+    default), its counters merged from the status files; eager, stock and patched arms."""
+    from torch_npu_sim.engine import models
+
+    model = models.materialize("qwen3", tmp_path / "models")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('[5, 17, 300, 41]\n[900, 12, 7]\n{"prompt_token_ids": [33, 44, 55, 66]}\n')
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = _args(
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "6",
+        "--eager",
+        "--jobs",
+        "2",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+        "--",
+        *TINY_ENGINE_ARGS,
+    )
+    cfg = command.build_config(args)
+    assert cfg.simulate is True  # no real torch_npu here: the arms run on the simulator
+    cfg.order = ["eager", "stock", "patched"]
+    runs = orchestrate.run_ab(cfg)
+    assert [r.status for r in runs] == ["ok"] * 3, [r.error for r in runs]
+    summary = compare.summarize(cfg, runs)
+    assert summary.verdict == compare.PASS, summary.problems
+    case = summary.cases[0]
+    assert case.correctness == {"eager": "reference", "stock": "equal", "patched": "equal"}
+    patched = runs[2].result
+    worker_pid = patched["pid"]
+    runners = patched["cases"][0]["runner_processes"]
+    assert runners and all(r["pid"] != worker_pid for r in runners)  # the engine core's
+    assert case.figures["patched"]["graphs_owned"] == 3
+    assert case.figures["patched"]["updates_owned"] > 0
+    assert patched["cases"][0]["update_ns"]  # timed in the engine core, toggle on
+    assert runs[1].result["cases"][0]["update_ns"]  # and off
+    assert len(patched["cases"][0]["tokens"][0]) == 3
+    paths = report.write(cfg, summary, runs)
+    assert json.loads(paths["json"].read_text())["exit_code"] == 0
