@@ -248,8 +248,8 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         if known is None:
             if not names:
                 raise UsageError("--scenarios is required with --worker")
-        elif args.all:
-            names = list(known)
+        elif args.all:  # less what the release cannot run in any graph arm (see --list)
+            names = [n for n, e in known.items() if e.get("all", True)]
         elif not names:
             key = "quick" if args.quick else "default"
             names = [n for n, e in known.items() if e.get(key)]
@@ -277,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             for name, entry in catalogue().items():
                 sets = [k for k in ("default", "quick") if entry.get(k)]
+                if not entry.get("all", True):
+                    sets.append("not in --all: the release cannot run it in any graph arm")
                 tag = f" [{', '.join(sets)}]" if sets else ""
                 print(f"{name:<36} {entry.get('kind', '?'):<8} stock: {entry['stock']}{tag}")
             return 0

@@ -253,7 +253,7 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
         _check_eager(cfg, res, ok_runs, states, wrong)
         _check_eager_arm(cfg, res, ok_runs, states, eager_runs, all_states, wrong)
         _check_overlay(cfg, res, ok_runs, states, wrong)
-    _figures(res, runs, states)
+    _figures(res, eager_runs + runs, all_states)
     if wrong and res.verdict == PASS:
         res.verdict = PASS_WRONG
     if cfg.workload == "vllm" and cfg.simulate:

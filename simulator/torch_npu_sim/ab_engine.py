@@ -53,6 +53,8 @@ def catalogue() -> dict[str, dict[str, Any]]:
             "kind": "engine",
             "default": case.name in DEFAULT_CASES,
             "quick": case.name in QUICK_CASES,
+            # The release cannot run these in any graph arm (or at all): not an A/B of updates.
+            "all": not (case.startup_error or case.overlay_same_as_stock),
         }
         for case in CASES
     }
