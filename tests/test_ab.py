@@ -68,8 +68,10 @@ FAKE_WORKER = textwrap.dedent('''
                     "update_ns": [(2000 if arm == "stock" else 1000) + i
                                   for i in range(spec["steps"])],
                     "counters": counters, "env_hashseed": os.environ.get("PYTHONHASHSEED")}
+            case["step_ms"] = 10.0 if arm == "stock" else 9.0
             if os.environ.get("FAKE_NO_TIMING"):
                 case["update_ns"] = []
+                del case["step_ms"]
             if engine:
                 case.update(kind="engine", reference="eager arm", logits_file=None)
                 del case["eager"]
@@ -177,6 +179,8 @@ def test_pass_run_order_caches_seed_and_reports(fake_cfg):
     alpha = summary.cases[0]
     assert alpha.ratio == pytest.approx(0.5, rel=0.01)  # fake: patched 1000 ns vs stock 2000 ns
     assert alpha.noise is not None
+    assert alpha.step_ms == {"stock": [10.0, 10.0], "patched": [9.0, 9.0]}
+    assert report.timing_rows(summary)[0][-2:] == ["10.00 (A-A 0.0%)", "9.00 (A-A 0.0%)"]
 
     paths = report.write(cfg, summary, runs)
     data = json.loads(paths["json"].read_text())

@@ -262,6 +262,7 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
             )
         engine = [n for n in names if known is not None and known[n].get("kind") == "engine"]
         cfg.cases = names
+        cfg.engine_cases = len(engine)
         cfg.timeout = args.timeout or 600.0
         cfg.eager = bool(engine) or args.eager
         cfg.jobs = args.jobs or (2 if engine and len(engine) == len(names) else 1)

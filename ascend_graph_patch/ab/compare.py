@@ -79,6 +79,8 @@ class CaseResult:
     #: arm -> graphs owned, tasks updated, fallbacks, verify mismatches, acceptance (first run)
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
     timing_note: str | None = None
+    #: arm -> per-run step latency in ms (vLLM: generate time / longest output), where measured
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def fail(self, verdict: str, reason: str) -> None:
         if _RANK[verdict] > _RANK[self.verdict]:  # failures outrank both passes
@@ -510,6 +512,10 @@ def _timing(
     if st and pa and st.median_us:
         res.ratio = pa.median_us / st.median_us
         res.noise = aa_noise([st.run_medians_us, pa.run_medians_us])
+    for run in runs:
+        state, case = states[run.index]
+        if run.arm in TIMED_ARMS and state == "ok" and case.get("step_ms") is not None:
+            res.step_ms.setdefault(run.arm, []).append(float(case["step_ms"]))
 
 
 def aa_noise(per_arm_medians: list[list[float]]) -> float | None:

@@ -101,10 +101,13 @@ class ABConfig:
     jobs: int = 1
     simulate: bool | None = None  # None: decide by simulated()
 
+    #: Cases that are whole engines (one progress unit each, not ``steps``).
+    engine_cases: int = 0
+
     def units_per_run(self) -> int:
         if self.workload == "vllm":
             return len(self.prompts or ()) or 8
-        return len(self.cases) * self.steps
+        return (len(self.cases) - self.engine_cases) * self.steps + self.engine_cases
 
 
 @dataclass
@@ -220,6 +223,7 @@ def spec_for(cfg: ABConfig, run: ArmRun) -> dict[str, Any]:
         "seed": cfg.seed,
         "eager_atol": cfg.eager_atol,
         "progress_total": cfg.units_per_run(),
+        "units_per_engine_case": 1,
         "case_timeout": cfg.timeout,
     }
     if cfg.workload == "vllm":
@@ -412,6 +416,8 @@ def _progress_bar(cfg: ABConfig, total: int) -> Any:
     except ImportError:
         return None
     unit = "prompt" if cfg.workload == "vllm" else "step"
+    if cfg.workload != "vllm" and cfg.engine_cases == len(cfg.cases):
+        unit = "case"
     return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
 
 

@@ -12,7 +12,15 @@ from ascend_graph_patch.ab.compare import PASS_KNOWN, PASS_WRONG, PASSES, CaseRe
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
 _ARMS = ("eager", "stock", "patched", "verify")
-TIMING_COLUMNS = ("case", "stock us", "patched us", "ratio", "A-A")
+TIMING_COLUMNS = (
+    "case",
+    "stock us",
+    "patched us",
+    "ratio",
+    "A-A",
+    "stock step ms",
+    "patched step ms",
+)
 
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
@@ -106,11 +114,19 @@ def rows(summary: Summary, arms: list[str]) -> list[list[str]]:
     return out
 
 
+def _step_ms(case: CaseResult, arm: str) -> str:
+    runs = case.step_ms.get(arm)
+    if not runs:
+        return "-"
+    spread = f" (A-A {max(runs) / min(runs) - 1:.1%})" if len(runs) > 1 and min(runs) > 0 else ""
+    return f"{sorted(runs)[len(runs) // 2]:.2f}{spread}"
+
+
 def timing_rows(summary: Summary) -> list[list[str]]:
-    """Only cases where both timed arms have samples."""
+    """Only cases with timing: host update time per step, and (vLLM) step latency per arm."""
     out = []
     for c in summary.cases:
-        if not c.timing:
+        if not c.timing and not c.step_ms:
             continue
         out.append(
             [
@@ -119,6 +135,8 @@ def timing_rows(summary: Summary) -> list[list[str]]:
                 _us(c, "patched"),
                 "-" if c.ratio is None else f"{c.ratio:.2f}x",
                 "-" if c.noise is None else f"{c.noise:.1%}",
+                _step_ms(c, "stock"),
+                _step_ms(c, "patched"),
             ]
         )
     return out
@@ -126,6 +144,11 @@ def timing_rows(summary: Summary) -> list[list[str]]:
 
 def timing_notes(cfg: ABConfig, summary: Summary) -> list[str]:
     notes = sorted({c.timing_note for c in summary.cases if c.timing_note and not c.timing})
+    if any(c.step_ms for c in summary.cases):
+        notes.append(
+            "step ms: generate() wall time / longest output per run, median over runs "
+            "(A-A: spread between runs of the arm)"
+        )
     if cfg.jobs > 1:
         notes.append(f"{cfg.jobs} arms ran at once: their host times are not comparable")
     return notes

@@ -98,8 +98,12 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
         "update_calls": [],
     }
     kwargs: dict[str, Any] = {}
+    import time
+
     try:
+        started = time.perf_counter()
         outputs, kwargs = generate(spec, progress)
+        case["generate_seconds"] = time.perf_counter() - started
     except Exception as exc:  # noqa: BLE001 - recorded; the orchestrator decides what it means
         import traceback
 
@@ -123,6 +127,10 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
     # One step holding every request: the report shows a divergence as request, position.
     case["tokens"] = [case["tokens"]] if case["tokens"] else []
     case["rows"] = [len(case["tokens"][0])] if case["tokens"] else []
+    # Step latency: the requests decode together, so the longest output is the number of steps.
+    longest = max((len(t) for t in case["tokens"][0]), default=0) if case["tokens"] else 0
+    if longest and "generate_seconds" in case:
+        case["step_ms"] = case["generate_seconds"] * 1000.0 / longest
     case["steps_done"] = len(case["tokens"])
     # vLLM interleaves prompts in one batch: every timed update call is one step of the engine.
     case["update_ns"] = list(timer.samples)

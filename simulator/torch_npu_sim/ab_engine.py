@@ -99,7 +99,7 @@ def run_cases(names: list[str], spec: dict[str, Any], progress: Progress) -> lis
         )
         record = result["cases"][case.name]
         out.append(to_ab_case(name, chosen[name], record))
-        progress.advance(int(spec.get("steps", 1)))
+        progress.advance(int(spec.get("units_per_engine_case", spec.get("steps", 1))))
     return out
 
 
