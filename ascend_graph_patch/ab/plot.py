@@ -26,12 +26,29 @@ def cell(text: str | None) -> tuple[str, str]:
     if text in ("equal", "reference"):
         return text, _GOOD
     if text.startswith("fails (known)"):
-        return "fails (known)", _KNOWN
+        parts = text.split(": ")
+        return "fails (known)" + (f"\n{parts[1]}" if len(parts) > 1 else ""), _KNOWN
     if text.startswith("differs"):
         return "DIFFERS", _BAD
     if "token(s) differ" in text:
         return "DIFFERS", _BAD
     return text.split(":", 1)[0], _BAD
+
+
+def details(figures: dict[str, Any]) -> list[str]:
+    """What the arm's overlay did and its acceptance rate, under its correctness label."""
+    lines = []
+    if figures.get("graphs_owned") is not None:
+        lines.append(
+            f"{figures['graphs_owned']} graphs / {figures.get('tasks_updated') or 0} tasks"
+        )
+    if figures.get("verify_tasks") is not None:
+        lines[-1:] = [f"verify: {figures.get('verify_mismatches') or 0} mismatches"]
+    if figures.get("fallbacks"):
+        lines.append(f"{figures['fallbacks']} fallbacks")
+    if figures.get("acceptance") is not None:
+        lines.append(f"acceptance {figures['acceptance']:.2f}")
+    return lines
 
 
 def _samples(cfg: ABConfig, run: Any) -> tuple[list[int], list[float]]:
@@ -60,12 +77,12 @@ def render(cfg: ABConfig, summary: Summary, runs: list[Any], path: Path) -> None
     has_timing = any(ys for _, ys in timed.values())
     arms = [a for a in _ARMS if any(a in c.correctness for c in summary.cases)]
     n = max(len(summary.cases), 1)
-    height = 1.2 + 0.32 * n + (3.2 if has_timing else 0.0)
+    height = 1.2 + 0.45 * n + (3.2 if has_timing else 0.0)
     fig = plt.figure(figsize=(10, height))
     grid = fig.add_gridspec(
         2 if has_timing else 1,
         2,
-        height_ratios=[0.32 * n + 0.6, 3.0] if has_timing else [1],
+        height_ratios=[0.45 * n + 0.6, 3.0] if has_timing else [1],
         width_ratios=[2.2, 1],
     )
     ax = fig.add_subplot(grid[0, :])
@@ -77,8 +94,9 @@ def render(cfg: ABConfig, summary: Summary, runs: list[Any], path: Path) -> None
                 color = _GOOD if case.verdict.startswith("PASS") else _BAD
             else:
                 label, color = cell(case.correctness.get(arm))
+                label = "\n".join([label, *details(case.figures.get(arm) or {})])
             ax.add_patch(plt.Rectangle((col, row), 1, 1, facecolor=color, edgecolor="white"))
-            ax.text(col + 0.5, row + 0.5, label, ha="center", va="center", fontsize=7)
+            ax.text(col + 0.5, row + 0.5, label, ha="center", va="center", fontsize=6.5)
     ax.set_xlim(0, len(columns))
     ax.set_ylim(n, 0)
     ax.set_xticks([i + 0.5 for i in range(len(columns))], columns, fontsize=8)
