@@ -18,8 +18,6 @@ import dataclasses
 import os
 from typing import Any
 
-from ascend_graph_patch.ab.protocol import Progress
-
 #: The default real-engine set of ``ab``: the dense model, the Gemma4-type model (stock crashes)
 #: and a draft model (speculative decoding); ``--quick`` runs the first two.
 DEFAULT_CASES: tuple[str, ...] = (
@@ -72,8 +70,11 @@ def _expect(case: Any) -> str:
     return case.stock
 
 
-def run_cases(names: list[str], spec: dict[str, Any], progress: Progress) -> list[dict[str, Any]]:
-    """Run the engine cases ``names`` in this arm (graph, or eager for the ``eager`` arm)."""
+def run_cases(names: list[str], spec: dict[str, Any], progress: Any) -> list[dict[str, Any]]:
+    """Run the engine cases ``names`` in this arm (graph, or eager for the ``eager`` arm).
+
+    ``progress``: the A/B protocol's progress channel (``advance(n)``); this module does not
+    import the overlay (only the worker does), like the rest of the simulator."""
     from torch_npu_sim.engine import arm as engine_arm
     from torch_npu_sim.engine import models
     from torch_npu_sim.engine.cases import CASES
