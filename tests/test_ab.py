@@ -50,7 +50,7 @@ FAKE_WORKER = textwrap.dedent('''
                 logits = array("f")
             else:
                 tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
-                if wrong and arm == "stock":
+                if wrong and arm in ("stock", "verify"):  # verify applies stock's update
                     tokens[0][0] = 4
                 logits = array("f", [float(t) for row in tokens for t in row])
                 if os.environ.get("FAKE_DIFF") == arm:
@@ -76,7 +76,7 @@ FAKE_WORKER = textwrap.dedent('''
                 case.update(kind="engine", reference="eager arm", logits_file=None)
                 del case["eager"]
             if wrong and not engine:
-                bad = arm == "stock" or os.environ.get("FAKE_DIFF") == arm
+                bad = arm in ("stock", "verify") or os.environ.get("FAKE_DIFF") == arm
                 case["eager"]["token_mismatches"] = 3 if bad else 0
             if arm == "stock" and os.environ.get("FAKE_STOCK_ERROR"):
                 case.update(status="error", error=os.environ["FAKE_STOCK_ERROR"],
@@ -239,6 +239,7 @@ def test_stock_known_wrong_passes_only_where_patched_is_right_or_as_stock(fake_c
     assert all(c.verdict == compare.PASS_WRONG for c in summary.cases)
     assert summary.cases[0].correctness["patched"] == "equal"
     assert summary.cases[0].correctness["stock"].startswith("3 token(s) differ")
+    assert summary.cases[0].correctness["verify"].startswith("3 token(s) differ")  # as stock
 
     env["FAKE_DIFF"] = "patched"  # negative control: patched equals neither eager nor stock
     _, summary = _run(fake_cfg(env=env))

@@ -10,9 +10,10 @@ Rules (docs/ab.md explains them for users):
   stock arm with that exception type: then the patched arm is judged against eager alone;
 * any other exception, a dead or timed-out arm, is a CRASH, never a pass;
 * a scenario on which stock is KNOWN to be wrong (``wrong: ...``) may differ from eager in the
-  stock arm: the other arms are then compared among themselves, and each must equal eager or,
-  never worse than stock, reproduce stock's tokens exactly (both noted); verify mismatches there
-  are expected (verify compares with the wrong stock update) and noted;
+  stock arm: stock and verify (which applies stock's update) are compared among themselves, the
+  other arms among themselves, and each run must equal eager or, never worse than stock,
+  reproduce stock's tokens exactly (noted); verify's mismatches with the wrong stock update are
+  expected and noted;
 * workloads without an in-process eager run (real engines) are compared with the ``eager`` arm:
   equal tokens, or the first divergence (step, request, position, tokens) fails the case;
 * the patched arm must really have owned updates (else the A/B compared stock with stock);
@@ -79,6 +80,7 @@ class CaseResult:
     #: arm -> graphs owned, tasks updated, fallbacks, verify mismatches, acceptance (first run)
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
     timing_note: str | None = None
+    expect: str = "ok"  # how stock is known to behave on the case
     #: arm -> per-run step latency in ms (vLLM: generate time / longest output), where measured
     step_ms: dict[str, list[float]] = field(default_factory=dict)
 
@@ -234,7 +236,8 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
     first = next((c for _, c in states.values() if c), None) or {}
     res.kind = str(first.get("kind") or ("vllm" if cfg.workload == "vllm" else "harness"))
     res.timing_note = first.get("timing_note")
-    wrong = _known_wrong(str(first.get("expect", "ok")))
+    res.expect = str(first.get("expect", "ok"))
+    wrong = _known_wrong(res.expect)
     ok_runs = [r for r in runs if states[r.index][0] == "ok"]
     for run in runs:
         state, case = states[run.index]
@@ -243,9 +246,9 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
                 f": {case.get('error')}" if case and case.get("error") else ""
             )
     if ok_runs:
-        if wrong:
-            stock = [r for r in ok_runs if r.arm == "stock"]
-            others = [r for r in ok_runs if r.arm != "stock"]
+        if wrong:  # verify applies stock's update: its outputs are stock's
+            stock = [r for r in ok_runs if r.arm in ("stock", "verify")]
+            others = [r for r in ok_runs if r.arm not in ("stock", "verify")]
             for group in (stock, others):
                 if group:
                     _compare_outputs(cfg, res, group, states)

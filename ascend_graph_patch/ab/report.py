@@ -122,6 +122,15 @@ def _step_ms(case: CaseResult, arm: str) -> str:
     return f"{sorted(runs)[len(runs) // 2]:.2f}{spread}"
 
 
+def timing_table(summary: Summary) -> tuple[list[str], list[list[str]]]:
+    """The timing columns and rows, less the step-latency columns where nothing measured it."""
+    body = timing_rows(summary)
+    cols = list(TIMING_COLUMNS)
+    if not any(c.step_ms for c in summary.cases):
+        cols, body = cols[:-2], [r[:-2] for r in body]
+    return cols, body
+
+
 def timing_rows(summary: Summary) -> list[list[str]]:
     """Only cases with timing: host update time per step, and (vLLM) step latency per arm."""
     out = []
@@ -160,7 +169,8 @@ def stock_failures(summary: Summary) -> list[str]:
     for c in summary.cases:
         text = c.correctness.get("stock", "")
         if c.verdict.startswith("PASS (stock") or (text and text not in ("equal", "reference")):
-            out.append(f"{c.name}: {text or c.arms.get('stock', '-')}")
+            known = f" (known: {c.expect})" if c.expect.startswith("wrong:") else ""
+            out.append(f"{c.name}: {text or c.arms.get('stock', '-')}{known}")
     return out
 
 
@@ -202,10 +212,10 @@ def text_table(cfg: ABConfig, summary: Summary) -> str:
     failures = stock_failures(summary)
     if failures:
         out += ["", "stock failures:"] + [f"  - {f}" for f in failures]
-    timed = timing_rows(summary)
+    cols, timed = timing_table(summary)
     out.append("")
     if timed:
-        out += _text_table(list(TIMING_COLUMNS), timed)
+        out += _text_table(cols, timed)
         out.append(f"host update time: {summary.speed}")
     for note in timing_notes(cfg, summary):
         out.append(f"timing: {note}")
@@ -248,9 +258,9 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     if details:
         md += ["", "## First divergences", ""] + [f"- {d}" for d in details]
     md += ["", "## Timing", ""]
-    timed = timing_rows(summary)
+    cols, timed = timing_table(summary)
     if timed:
-        md += _md_table(list(TIMING_COLUMNS), timed)
+        md += _md_table(cols, timed)
         md += [
             "",
             f"Host update time: {summary.speed}. Microseconds per replay step (median, p90) of "
