@@ -100,6 +100,8 @@ def rows(summary: Summary, arms: list[str]) -> list[list[str]]:
     out = []
     for c in summary.cases:
         cells = [_short(c.correctness.get(a) or c.arms.get(a)) for a in arms]
+        if "eager" in arms and c.kind == "harness" and "eager" not in c.correctness:
+            cells[arms.index("eager")] = "(in each arm)"  # the harness runs eager in-process
         out.append(
             [
                 c.name,
@@ -152,7 +154,14 @@ def timing_rows(summary: Summary) -> list[list[str]]:
 
 
 def timing_notes(cfg: ABConfig, summary: Summary) -> list[str]:
-    notes = sorted({c.timing_note for c in summary.cases if c.timing_note and not c.timing})
+    untimed: dict[str, list[str]] = {}
+    for c in summary.cases:
+        if c.timing_note and not c.timing:
+            untimed.setdefault(c.timing_note, []).append(c.name)
+    notes = [
+        note if len(names) == len(summary.cases) else f"{', '.join(names)}: {note}"
+        for note, names in untimed.items()
+    ]
     if any(c.step_ms for c in summary.cases):
         notes.append(
             "step ms: generate() wall time / longest output per run, median over runs "
