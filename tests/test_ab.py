@@ -234,7 +234,7 @@ def test_ineffective_overlay_fails(fake_cfg):
 
 def test_stock_known_wrong_passes_only_where_patched_is_right_or_as_stock(fake_cfg):
     env = {"FAKE_EXPECT": "wrong: positional pairing"}
-    _, summary = _run(fake_cfg(env=env, verify=True))
+    _, summary = _run(fake_cfg(env=env, verify=True, order=["stock", "patched", "verify"]))
     assert summary.verdict == compare.PASS and summary.exit_code == 0, summary.problems
     assert all(c.verdict == compare.PASS_WRONG for c in summary.cases)
     assert summary.cases[0].correctness["patched"] == "equal"
@@ -242,7 +242,7 @@ def test_stock_known_wrong_passes_only_where_patched_is_right_or_as_stock(fake_c
     assert summary.cases[0].correctness["verify"].startswith("3 token(s) differ")  # as stock
 
     env["FAKE_DIFF"] = "patched"  # negative control: patched equals neither eager nor stock
-    _, summary = _run(fake_cfg(env=env))
+    _, summary = _run(fake_cfg(env=env, order=["stock", "patched"]))
     assert summary.verdict == compare.DIFF and summary.exit_code == 1
 
 
@@ -257,17 +257,19 @@ def test_engine_cases_are_judged_against_the_eager_arm(fake_cfg):
         "patched": "equal",
     }
 
-    _, summary = _run(fake_cfg(env={"FAKE_ENGINE": "1", "FAKE_DIFF": "patched"}, eager=True))
+    diff = {"FAKE_ENGINE": "1", "FAKE_DIFF": "patched"}
+    _, summary = _run(fake_cfg(env=diff, order=["eager", "patched"]))
     assert summary.verdict == compare.DIFF and summary.exit_code == 1
     where = summary.cases[0].correctness["patched"]
     assert where == "differs at step 0, request 1, position 2: 3 vs 99"
 
-    _, summary = _run(fake_cfg(env={"FAKE_ENGINE": "1", "FAKE_CRASH": "eager"}, eager=True))
+    crash = {"FAKE_ENGINE": "1", "FAKE_CRASH": "eager"}
+    _, summary = _run(fake_cfg(env=crash, order=["eager", "stock", "patched"]))
     assert summary.verdict == compare.CRASH and summary.exit_code == 3  # no reference
 
 
 def test_empty_timing_still_writes_every_report(fake_cfg):
-    cfg = fake_cfg(env={"FAKE_NO_TIMING": "1"})
+    cfg = fake_cfg(env={"FAKE_NO_TIMING": "1"}, order=["stock", "patched"])
     runs, summary = _run(cfg)
     assert summary.verdict == compare.PASS and summary.speed == "no timing"
     paths = report.write(cfg, summary, runs)
