@@ -408,6 +408,7 @@ def test_vllm_worker_real_api_engine_mocked(mocker, tmp_path: Path):
     case = body["cases"][0]
     assert case["status"] == "ok" and case["tokens"] == [[[0, 1], [1, 2]]]  # one step
     assert case["texts"] == ["out0", "out1"]
+    assert case["step_ms"] == pytest.approx(case["generate_seconds"] * 1000 / 2)  # 2 steps
 
 
 def test_vllm_worker_records_engine_error(mocker, tmp_path: Path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,9 @@ def engine_kwargs(model: str, engine_args: list[str]) -> dict[str, Any]:
     return out
 
 
-def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[str, Any]]:
-    """Build the engine and run greedy generation; the one call tests mock is ``LLM.generate``."""
+def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[str, Any], float]:
+    """Build the engine and run greedy generation: the outputs, the engine kwargs and the
+    seconds ``generate`` took (not the build); the one call tests mock is ``LLM.generate``."""
     from vllm import LLM, SamplingParams
 
     kwargs = engine_kwargs(spec["model"], spec.get("engine_args", []))
@@ -73,9 +75,11 @@ def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[
         logprobs=1,
     )
     prompts = [as_prompt(p) for p in spec.get("prompts") or DEFAULT_PROMPTS]
+    started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
     progress.advance(len(prompts), force=True)
-    return list(outputs), kwargs
+    return list(outputs), kwargs, seconds
 
 
 def as_prompt(prompt: str | list[int]) -> Any:
@@ -98,12 +102,8 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
         "update_calls": [],
     }
     kwargs: dict[str, Any] = {}
-    import time
-
     try:
-        started = time.perf_counter()
-        outputs, kwargs = generate(spec, progress)
-        case["generate_seconds"] = time.perf_counter() - started
+        outputs, kwargs, case["generate_seconds"] = generate(spec, progress)
     except Exception as exc:  # noqa: BLE001 - recorded; the orchestrator decides what it means
         import traceback
 
