@@ -11,7 +11,8 @@ An arm whose process exits non-zero, times out or leaves no readable result is a
 orchestrator never infers a pass from a missing result.
 
 The model runner may live in other processes than the worker (vLLM's engine core, one process per
-tensor-parallel rank): every arm gets ``ASCEND_GRAPH_PATCH_STATUS_DIR=<arm dir>/status``, every
+tensor-parallel rank): every arm gets ``ASCEND_GRAPH_PATCH_STATUS_DIR=<arm dir>/status`` (not
+for harness-only runs, whose host timing it would disturb), every
 Python process of the arm writes its counters and update timings there (``status_files``, the
 toggle off included), and the orchestrator merges them into the arm's result (``status_files``).
 Where no real ``torch_npu`` is installed and the simulator is, the arms run on the simulator
@@ -103,6 +104,15 @@ class ABConfig:
 
     #: Cases that are whole engines (one progress unit each, not ``steps``).
     engine_cases: int = 0
+    #: Per-process status files (``<arm dir>/status``): None = where the figures can live in other
+    #: processes (the vLLM workload, engine cases). Harness-only runs go without, so that the
+    #: status writer's own timer and file writes stay out of their host timing.
+    status_files: bool | None = None
+
+    def wants_status_files(self) -> bool:
+        if self.status_files is not None:
+            return self.status_files
+        return self.workload == "vllm" or self.engine_cases > 0
 
     def units_per_run(self) -> int:
         if self.workload == "vllm":
@@ -182,7 +192,8 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
     env["VLLM_CACHE_ROOT"] = str(run.cache_root)
     env["PYTHONHASHSEED"] = str(cfg.seed)
     env["PYTHONUNBUFFERED"] = "1"
-    env["ASCEND_GRAPH_PATCH_STATUS_DIR"] = str(run.dir / "status")
+    if cfg.wants_status_files():
+        env["ASCEND_GRAPH_PATCH_STATUS_DIR"] = str(run.dir / "status")
     simulate = cfg.simulate if cfg.simulate is not None else simulated(base)
     if cfg.workload == "sim" or simulate:
         env["TORCH_NPU_SIM"] = "1"
