@@ -97,11 +97,11 @@ def _number(text: str) -> bool:
 
 def test_mtp_point_is_a_draft_update(mocker):
     """The MTP kind updates under a draft context with the proposer's draft_attn_metadatas."""
+    core._prepare()  # imports vllm_ascend in its working order (attention_v1 alone is circular)
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
     from ascend_graph_patch import state
 
-    core._prepare()
     engine = core._engine(core.KINDS[core.MTP_KIND](2, (4,)))
     seen = []
     real = core._stock_update()
@@ -132,7 +132,7 @@ def test_kind_aliases():
 
 
 def test_capture_overhead_reports_both_arms():
-    cap = core.capture_overhead(layers=2, batch=4, repeats=2)
+    cap = core.capture_overhead(layers=2, sizes=(4, 8), repeats=2)
     assert cap["stock_ms"] > 0 and cap["overlay_ms"] > 0 and cap["ratio"] > 0
 
 

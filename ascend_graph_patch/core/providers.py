@@ -121,20 +121,24 @@ class LengthsWorkspaceProvider:
     lengths: Callable[[Any], Any] = field(init=False)
     static: dict[str, Any] = field(init=False)  # the getter's other arguments, set once
     group: int = field(init=False)
+    _getter_kwargs: dict[str, Any] = field(init=False)  # ``static`` + the lengths last passed
 
     def __post_init__(self) -> None:
         self.lengths = attrgetter(self.attribute)
         skip = (self.lengths_key, "workspace")
         self.static = {k: v for k, v in self.template.items() if k not in skip}
         self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
+        self._getter_kwargs = dict(self.static)
 
     def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
         try:
             lengths = self.lengths(metadata)
         except _UNREADABLE as exc:
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
+        kwargs = self._getter_kwargs
+        kwargs[self.lengths_key] = lengths
         try:  # stock calls the same getter with the same arguments
-            workspace = self.workspace_for(**self.static, **{self.lengths_key: lengths})
+            workspace = self.workspace_for(**kwargs)
         except Exception as exc:
             raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
         return {self.lengths_key: lengths, "workspace": workspace}

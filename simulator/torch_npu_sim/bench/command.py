@@ -175,8 +175,9 @@ def summary_lines(result: Any) -> list[str]:
     if cap:
         mark = _mark(cap["ratio"], cap["target"])
         out.append(
-            f"capture ({cap['layers']} layers, batch {cap['batch']}): stock "
-            f"{cap['stock_ms']:.2f} ms, overlay {cap['overlay_ms']:.2f} ms, ratio "
+            f"capture ({cap['layers']} layers, sizes {','.join(map(str, cap['sizes']))}; CPU "
+            f"time, median of {cap['repeats']} pairs): stock {cap['stock_ms']:.2f} ms, overlay "
+            f"{cap['overlay_ms']:.2f} ms, ratio "
             f"{cap['ratio']:.3f} (target <= {cap['target']}){mark}"
         )
     st = result.startup
@@ -261,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     if not args.no_capture:
         result.capture = core.capture_overhead(
-            28 if not args.quick else 8, 64, 7 if args.quick else 21
+            28 if not args.quick else 8, core.CAPTURE_SIZES, 7 if args.quick else 21
         )
     if not args.no_startup:
         result.startup = core.startup_cost(3 if args.quick else 7)
