@@ -86,7 +86,14 @@ def wrap(name: str, module: ModuleType, target: str, wrapper: Callable) -> None:
         _layers[name] = inert
     else:
         original = _raw(parent, attribute)
-        wrapt.wrap_function_wrapper(module, target, wrapper)
+        if isinstance(original, staticmethod):
+            # Wrap the function the staticmethod holds, and keep it a staticmethod: a wrapper
+            # around the descriptor would bind anew at every ``impl_cls.update_graph_params``
+            # access, the replay hot path (about twice the cost of the call itself).
+            replacement = staticmethod(wrapt.FunctionWrapper(original.__func__, wrapper))
+            wrapt.apply_patch(parent, attribute, replacement)
+        else:
+            wrapt.wrap_function_wrapper(module, target, wrapper)
         _layers[name] = Layer(name, parent, attribute, original, _raw(parent, attribute))
     state.STATE.aspects_installed.append(name)
 

@@ -36,9 +36,16 @@ impl = attn.AscendAttentionBackendImpl.__dict__["update_graph_params"]
 call = acl.ACLGraphWrapper.__dict__["__call__"]
 def wrapped(obj):
     return type(obj).__name__ == "FunctionWrapper"
+def wrappers(obj):
+    # FunctionWrappers in the chain (a staticmethod's function is wrapped inside it)
+    count = 0
+    while obj is not None:
+        count += wrapped(obj)
+        obj = obj.__func__ if isinstance(obj, staticmethod) else getattr(obj, "__wrapped__", None)
+    return count
 print(json.dumps({
-    "update_wrapped": wrapped(impl),
-    "double_wrapped": wrapped(getattr(impl, "__wrapped__", None)),
+    "update_wrapped": wrappers(impl) >= 1,
+    "double_wrapped": wrappers(impl) > 1,
     "call_wrapped": wrapped(call),
     "activation_loaded": "ascend_graph_patch.activation" in sys.modules,
     "wrapt_loaded": "wrapt" in sys.modules,
