@@ -14,9 +14,11 @@ __all__ = ["apply"]
 def apply() -> None:
     """Register every engine shim's post-import hook (idempotent).
 
-    Also arms the tests' negative control when its variable is set (see ``control``).
+    Also arms the tests' negative control and the one-rank fault when their variables are set
+    (see ``control`` and ``rank_fault``).
     """
-    from . import control, shims
+    from . import control, rank_fault, shims
 
     control.install()
+    rank_fault.install()
     shims.apply()

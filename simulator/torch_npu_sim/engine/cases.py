@@ -58,6 +58,9 @@ class Case:
     overlay_same_as_stock: bool = False
     #: The release cannot start this engine at all: every arm, eager included, fails so.
     startup_error: str | None = None
+    #: Environment the engine is built with (its worker processes inherit it): e.g. vLLM's
+    #: worker start method, or a test-only switch of the simulator.
+    environment: dict[str, str] = field(default_factory=dict)
     steps: int = 1
     seed: int = 0
 

@@ -1,0 +1,163 @@
+"""Tensor parallelism on the real engine: ``tensor_parallel_size=2``, one worker process per rank.
+
+A module fixture runs the arms of ``torch_npu_sim.engine.tp`` once, each in a fresh interpreter
+and process tree, two at a time: eager TP=1 (the reference), stock, overlay, verify and the
+negative control, each at TP=2 with workers started by fork (with vLLM's async scheduling) and by
+spawn, on one model with PA graph sizes, over batches that change every step. Then:
+
+- every TP=2 graph arm's greedy tokens equal eager TP=1's;
+- in every rank's worker process (read by ``collective_rpc``), the overlay owned every graph the
+  simulated device captured, made (or, in verify, checked) every update, and applied every task
+  update; each worker also wrote its status file under its pid and rank;
+- verify finds no mismatch on any rank;
+- the negative control (every relaunch skipped) gives other tokens: the comparison can fail;
+- a relaunch raising on rank 1 only ends the job with that error, in stock and overlay alike,
+  within the case's timeout: no rank left with wrong output, none waiting forever in a collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torch_npu_sim.engine import rank_fault, tp
+
+pytestmark = pytest.mark.timeout(1200)
+
+GRAPH_ARMS = ("stock", "overlay", "verify")
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("engine-tp")
+    results = tp.run(root, root / "models")
+    table = tp.table(results)
+    (root / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    yield root, results
+
+
+@pytest.fixture(scope="module")
+def results(tp_run: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+    return tp_run[1]
+
+
+def _cases(results: dict[str, Any], arm: str) -> dict[str, Any]:
+    data = results[arm]
+    assert not data.get("error"), f"arm {arm} did not run: {data['error']}"
+    return data["cases"]
+
+
+def test_eager_tp1_reference_runs(results: dict[str, Any]) -> None:
+    tokens = tp.reference_tokens(results)
+    assert tokens, _cases(results, "eager")
+    requests = tokens[0]
+    assert len({tuple(r) for r in requests}) == len(requests)
+    assert len({t for r in requests for t in r}) >= len(requests) * 2
+
+
+@pytest.mark.parametrize("arm", GRAPH_ARMS)
+def test_tp2_graph_arm_tokens_equal_eager_tp1(results: dict[str, Any], arm: str) -> None:
+    reference = tp.reference_tokens(results)
+    records = _cases(results, arm)
+    bad = []
+    for case in tp.CASES:
+        record = records.get(case.name) or {"error": "missing"}
+        if record.get("error"):
+            bad.append(f"{case.name}: crashed: {record['error']}")
+        elif record["tokens"] != reference:
+            bad.append(f"{case.name}: tokens {record['tokens']} != eager TP=1 {reference}")
+        elif len(tp.ranks(record)) != 2:
+            bad.append(f"{case.name}: figures from {len(tp.ranks(record))} workers, not 2")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("arm", ("overlay", "verify"))
+def test_every_rank_owns_its_graphs_and_updates_every_task(
+    tp_run: tuple[Path, dict[str, Any]], arm: str
+) -> None:
+    """Per rank, in its worker process: owned graphs = captured graphs, overlay updates (or
+    verify's checks) = replays, tasks updated or checked = task updates the device applied,
+    nothing left to stock or a fallback; and a status file under that worker's pid and rank."""
+    from ascend_graph_patch import status_files
+
+    root, results = tp_run
+    files = {s.get("pid"): s for s in status_files.read_dir(root / arm / "status")}
+    bad = []
+    for case in tp.CASES:
+        record = _cases(results, arm).get(case.name) or {}
+        if record.get("error"):
+            continue  # covered by the tokens test
+        rows = tp.ranks(record)
+        if [r.get("rank") for r in rows] != [0, 1] or record["arm_pid"] in {r["pid"] for r in rows}:
+            bad.append(f"{case.name}: ranks {[(r.get('rank'), r.get('pid')) for r in rows]}")
+            continue
+        for row in rows:
+            where = f"{case.name} rank {row['rank']} (pid {row['pid']})"
+            counters = (row.get("overlay") or {}).get("counters") or {}
+            sim = row.get("sim") or {}
+            if counters.get("graphs.owned") != sim.get("captures") or not sim.get("captures"):
+                bad.append(
+                    f"{where}: owned {counters.get('graphs.owned')} of {sim.get('captures')}"
+                )
+            updates = "verify.updates" if arm == "verify" else "updates.owned"
+            if counters.get(updates) != sim.get("replays") or not sim.get("replays"):
+                bad.append(
+                    f"{where}: {updates} {counters.get(updates)}, {sim.get('replays')} replays"
+                )
+            tasks = counters.get("tasks.updated", 0) + counters.get("verify.tasks", 0)
+            if tasks != sim.get("updates") or not tasks:
+                bad.append(
+                    f"{where}: {tasks} tasks updated or checked, {sim.get('updates')} applied"
+                )
+            leaks = {k: v for k, v in counters.items() if k.startswith(("errors.", "fallback."))}
+            if counters.get("updates.stock.unowned"):
+                leaks["updates.stock.unowned"] = counters["updates.stock.unowned"]
+            if leaks:
+                bad.append(f"{where}: went elsewhere: {leaks}")
+            written = files.get(row["pid"])
+            if written is None or written.get("rank") != row["rank"]:
+                bad.append(f"{where}: status file {written and written.get('rank')} (pid, rank)")
+            elif written.get("graphs_owned") != counters.get("graphs.owned"):
+                bad.append(f"{where}: status file owns {written.get('graphs_owned')} graphs")
+    assert not bad, "\n".join(bad)
+
+
+def test_verify_finds_no_mismatch_on_any_rank(results: dict[str, Any]) -> None:
+    bad = []
+    for case in tp.CASES:
+        record = _cases(results, "verify").get(case.name) or {}
+        if record.get("error"):
+            continue  # covered by the tokens test
+        for row in tp.ranks(record):
+            counters = (row.get("overlay") or {}).get("counters") or {}
+            found = (counters.get("verify.mismatches", 0), counters.get("verify.stock_failed", 0))
+            if found != (0, 0) or not counters.get("verify.tasks"):
+                bad.append(f"{case.name} rank {row.get('rank')}: mismatches, failed: {found}")
+    assert not bad, "\n".join(bad)
+
+
+def test_negative_control_differs_from_eager_tp1(results: dict[str, Any]) -> None:
+    """Every relaunch skipped on both ranks, events still recorded: other tokens, or the
+    comparison above could not fail."""
+    case = tp.CASES_BY_ARM["control"][0]
+    record = _cases(results, "control")[case.name]
+    assert not record.get("error"), record["error"]
+    assert record["tokens"] != tp.reference_tokens(results)
+    skipped = [(r.get("sim") or {}).get("relaunches_skipped") for r in tp.ranks(record)]
+    assert len(skipped) == 2 and all(skipped), skipped
+
+
+@pytest.mark.parametrize("arm", ("stock", "overlay"))
+def test_a_fault_on_one_rank_ends_the_job_with_its_error(results: dict[str, Any], arm: str) -> None:
+    """Rank 1's third relaunch raises; rank 0 runs on into a collective rank 1 never joins. The
+    job must end with the error (stock's outcome; the overlay is never worse), not hang until the
+    case's timeout, and must not return tokens."""
+    record = _cases(results, arm)[tp.FAULT_CASE.name]
+    text = (record.get("error") or "") + (record.get("traceback") or "")
+    assert record.get("error"), f"no error: tokens {record.get('tokens')}"
+    assert "timed out" not in record["error"] and "without a result" not in record["error"]
+    assert rank_fault.MESSAGE.format(n=3, rank=1) in text, text[-2000:]
