@@ -126,6 +126,23 @@ def test_every_rank_owns_its_graphs_and_updates_every_task(
     assert not bad, "\n".join(bad)
 
 
+def test_status_from_the_arm_directory_shows_one_row_per_rank(
+    tp_run: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ascend-graph-patch status --from DIR`` over the overlay arm's status directory: a row per
+    process, the TP workers' with their ranks and owned graphs."""
+    import json
+
+    from ascend_graph_patch import cli
+
+    root, results = tp_run
+    assert cli.main(["status", "--from", str(root / "overlay" / "status"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["per_process"]
+    workers = {r["pid"] for c in _cases(results, "overlay").values() for r in tp.ranks(c)}
+    ranked = sorted((r["rank"], r["graphs_owned"]) for r in rows if r["pid"] in workers)
+    assert ranked and ranked == sorted([(0, 3), (1, 3)] * (len(ranked) // 2)), rows
+
+
 def test_verify_finds_no_mismatch_on_any_rank(results: dict[str, Any]) -> None:
     bad = []
     for case in tp.CASES:
@@ -161,3 +178,63 @@ def test_a_fault_on_one_rank_ends_the_job_with_its_error(results: dict[str, Any]
     assert record.get("error"), f"no error: tokens {record.get('tokens')}"
     assert "timed out" not in record["error"] and "without a result" not in record["error"]
     assert rank_fault.MESSAGE.format(n=3, rank=1) in text, text[-2000:]
+
+
+# --- the A/B on the real engine at TP=2 ------------------------------------------------------
+
+
+def test_ab_with_a_model_at_tp2_end_to_end(tmp_path: Path) -> None:
+    """``ab --model DIR -- --tensor-parallel-size 2 ...`` on the simulator: stock and patched arms
+    (the CLI's configuration, two arms instead of its ABBA four), tokens compared; every rank's
+    status file reaches the A/B's status directory under its pid and rank, the patched arm's
+    workers owning their graphs, the stock arm's running with the overlay off."""
+    import json
+
+    from ascend_graph_patch import status_files
+    from ascend_graph_patch.ab import compare, orchestrate
+    from torch_npu_sim.engine import cases, models
+
+    model = models.materialize("qwen3", tmp_path / "models")
+    additional = {"ascend_compilation_config": cases.ASCEND_COMPILATION, "pa_shape_list": [1, 4]}
+    compilation = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}
+    engine_args = [
+        "--tensor-parallel-size", "2",
+        "--dtype", "float32",
+        "--max-model-len", "256",
+        "--max-num-seqs", "4",
+        "--kv-cache-memory-bytes", str(64 << 20),
+        "--no-async-scheduling",
+        "--additional-config", json.dumps(additional),
+        "--compilation-config", json.dumps(compilation),
+    ]  # fmt: skip
+    status = tmp_path / "status"
+    cfg = orchestrate.ABConfig(
+        out=tmp_path / "ab",
+        workload="vllm",
+        model=str(model),
+        cases=[f"vllm:{model}"],
+        prompts=["The capital of France is", "def fibonacci(n):", "Q: 17 * 23?"],
+        max_tokens=12,
+        engine_args=engine_args,
+        timeout=600,
+        warmup=0,
+        progress=False,
+        order=["stock", "patched"],
+        extra_env={
+            "ASCEND_GRAPH_PATCH_STATUS_DIR": str(status),
+            "VLLM_WORKER_MULTIPROC_METHOD": "fork",
+            "OMP_NUM_THREADS": "1",
+        },
+    )
+    runs = orchestrate.run_ab(cfg)
+    assert [r.status for r in runs] == ["ok", "ok"], [r.error for r in runs]
+    summary = compare.summarize(cfg, runs)
+    case = summary.cases[0]
+    assert case.verdict == compare.PASS, case.reasons
+    assert case.tokens.startswith("equal"), case.tokens
+    workers = [s for s in status_files.read_dir(status) if s.get("rank") is not None]
+    by_mode = {
+        mode: sorted(s["rank"] for s in workers if s.get("mode") == mode) for mode in ("on", "off")
+    }
+    assert by_mode == {"on": [0, 1], "off": [0, 1]}, workers
+    assert all(s.get("graphs_owned") == 3 for s in workers if s.get("mode") == "on"), workers

@@ -150,3 +150,27 @@ def test_the_current_stream_is_per_thread(rt: Any) -> None:
     with npu.stream(side):
         assert npu.current_stream() is side
     assert npu.current_stream() is npu.default_stream()
+
+
+# --------------------------------------------------------------------------------------------
+# The one-rank fault switch (engine tests)
+
+
+def test_rank_fault_is_armed_in_children_forked_after_the_variable_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A case sets the variable after the simulator was installed, and vLLM forks its workers
+    from that process: the fault must be armed there (and nowhere without the variable)."""
+    from torch_npu_sim.engine import rank_fault
+
+    rank_fault.install()  # registers the fork hook (the simulator's install() already did)
+    assert not getattr(runtime._apply_update, "_rank_fault", False)
+    assert rank_fault.requested({rank_fault.ENV_VAR: "1:3"}) == (1, 3)
+    monkeypatch.setenv(rank_fault.ENV_VAR, "1:3")
+    pid = os.fork()
+    if pid == 0:
+        armed = getattr(runtime._apply_update, "_rank_fault", False)
+        (tmp_path / "armed").write_text(json.dumps(armed))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert json.loads((tmp_path / "armed").read_text()) is True

@@ -105,8 +105,8 @@ def engine_kwargs(case: Case, model_dir: str, draft_dir: str | None, *, graph: b
         "max_model_len": 256,
         "max_num_seqs": 4,
         "enable_prefix_caching": False,
-        # One thread drives the simulated device: vLLM's async output copy thread would drain
-        # the simulator's queues concurrently (its runtime is single-threaded by design).
+        # Off unless a case turns it on (the TP fork case does: the simulator's runtime is
+        # thread-safe for vLLM's async output-copy thread, which synchronises while it replays).
         "async_scheduling": False,
         "kv_cache_memory_bytes": 64 << 20,
         "disable_log_stats": False,

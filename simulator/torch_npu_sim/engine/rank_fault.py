@@ -36,8 +36,17 @@ def _rank() -> int | None:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
+_at_fork = False
+
+
 def install(environ: dict[str, str] | None = None) -> bool:
-    """Arm the fault in this process when the environment asks for it (idempotent)."""
+    """Arm the fault in this process when the environment asks for it (idempotent), and again in
+    every child forked later: a case sets the variable after the simulator was installed, and
+    vLLM forks its workers from that process."""
+    global _at_fork
+    if not _at_fork and environ is None:
+        _at_fork = True
+        os.register_at_fork(after_in_child=install)
     target = requested(environ)
     current: Any = runtime._apply_update
     if target is None or getattr(current, "_rank_fault", False):
