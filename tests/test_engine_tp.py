@@ -3,7 +3,8 @@
 A module fixture runs the arms of ``torch_npu_sim.engine.tp`` once, each in a fresh interpreter
 and process tree, two at a time: eager TP=1 (the reference), stock, overlay, verify and the
 negative control, each at TP=2 with workers started by fork (with vLLM's async scheduling) and by
-spawn, on one model with PA graph sizes, over batches that change every step. Then:
+spawn (the overlay arm; the others run fork only), on one model with PA graph sizes, over batches
+that change every step. Then:
 
 - every TP=2 graph arm's greedy tokens equal eager TP=1's;
 - in every rank's worker process (read by ``collective_rpc``), the overlay owned every graph the
@@ -64,7 +65,7 @@ def test_tp2_graph_arm_tokens_equal_eager_tp1(results: dict[str, Any], arm: str)
     reference = tp.reference_tokens(results)
     records = _cases(results, arm)
     bad = []
-    for case in tp.CASES:
+    for case in tp.graph_cases(arm):
         record = records.get(case.name) or {"error": "missing"}
         if record.get("error"):
             bad.append(f"{case.name}: crashed: {record['error']}")
@@ -87,7 +88,7 @@ def test_every_rank_owns_its_graphs_and_updates_every_task(
     root, results = tp_run
     files = {s.get("pid"): s for s in status_files.read_dir(root / arm / "status")}
     bad = []
-    for case in tp.CASES:
+    for case in tp.graph_cases(arm):
         record = _cases(results, arm).get(case.name) or {}
         if record.get("error"):
             continue  # covered by the tokens test
@@ -145,7 +146,7 @@ def test_status_from_the_arm_directory_shows_one_row_per_rank(
 
 def test_verify_finds_no_mismatch_on_any_rank(results: dict[str, Any]) -> None:
     bad = []
-    for case in tp.CASES:
+    for case in tp.graph_cases("verify"):
         record = _cases(results, "verify").get(case.name) or {}
         if record.get("error"):
             continue  # covered by the tokens test
@@ -160,8 +161,7 @@ def test_verify_finds_no_mismatch_on_any_rank(results: dict[str, Any]) -> None:
 def test_negative_control_differs_from_eager_tp1(results: dict[str, Any]) -> None:
     """Every relaunch skipped on both ranks, events still recorded: other tokens, or the
     comparison above could not fail."""
-    case = tp.CASES_BY_ARM["control"][0]
-    record = _cases(results, "control")[case.name]
+    record = _cases(results, "control")[tp.CONTROL_CASE.name]
     assert not record.get("error"), record["error"]
     assert record["tokens"] != tp.reference_tokens(results)
     skipped = [(r.get("sim") or {}).get("relaunches_skipped") for r in tp.ranks(record)]
