@@ -7,6 +7,10 @@ a failing task update of the device's runtime would. Its peer ranks run on and r
 collective, which the failed rank never joins: the job must end with the error, never leave a rank
 waiting forever. A switch of the simulator for tests only (the environment reaches every worker),
 never an overlay feature; the same idea as ``faults.nth_call_raises``, aimed at one rank.
+
+A peer left in a collective waits for gloo's timeout (30 min by default; on hardware, HCCL's). With
+the fault armed, every gloo group the process creates gets ``TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT``
+seconds (default 60): the waiting rank then fails with gloo's timeout error, the job ends.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from .. import runtime
 
 ENV_VAR = "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES"
+TIMEOUT_VAR = "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT"
 MESSAGE = "sim fault: relaunch {n} raised on rank {rank}"
 
 
@@ -52,6 +57,7 @@ def install(environ: dict[str, str] | None = None) -> bool:
     if target is None or getattr(current, "_rank_fault", False):
         return False
     rank, n = target
+    _bound_collectives(float((os.environ if environ is None else environ).get(TIMEOUT_VAR, 60)))
     calls = {"n": 0}
 
     def relaunch_or_raise(name: str, args: tuple, kwargs: dict) -> None:
@@ -64,3 +70,12 @@ def install(environ: dict[str, str] | None = None) -> bool:
     relaunch_or_raise._rank_fault = True  # type: ignore[attr-defined]
     runtime._apply_update = relaunch_or_raise
     return True
+
+
+def _bound_collectives(seconds: float) -> None:
+    """Give the gloo groups created from now on a timeout of ``seconds`` (torch's default)."""
+    import datetime
+
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = datetime.timedelta(seconds=seconds)

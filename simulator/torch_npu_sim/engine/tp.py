@@ -23,7 +23,7 @@ TP = {"tensor_parallel_size": 2}
 FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 #: Rank 1 raises at its third relaunch (step 2 of decode: graphs have replayed already).
-FAULT = {rank_fault.ENV_VAR: "1:3", **FORK}
+FAULT = {rank_fault.ENV_VAR: "1:3", rank_fault.TIMEOUT_VAR: "60", **FORK}
 
 #: The eager reference: the same model on one device.
 REFERENCE = Case("qwen3", model="qwen3").eager()
@@ -56,6 +56,7 @@ FAULT_CASE = Case(
     "qwen3+pa/tp2/fork/fault-rank1",
     model="qwen3",
     pa_shape_list=(1, 4),
+    multiprocess=True,
     engine=TP,
     environment=FAULT,
 )
