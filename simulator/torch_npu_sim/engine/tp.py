@@ -31,8 +31,8 @@ REFERENCE = Case("qwen3", model="qwen3").eager()
 #: The TP=2 graph cases: one model with PA graph sizes (PA at 1 and 4, FIA at 2). The fork case
 #: runs as vLLM does by default: the engine core in its own process, async scheduling on (each
 #: worker's output-copy thread synchronises while its main thread replays). With the engine core in
-#: the arm's process, TP=2 with async scheduling hung at teardown in zmq's ``Context.term`` after
-#: generating (vLLM's, not the simulator's): the spawn case keeps it there, with async off.
+#: the arm's process, TP=2 with async scheduling (or after an engine failure) hung at teardown in
+#: zmq's ``Context.term`` (vLLM's, not the simulator's): the spawn case keeps it there, async off.
 CASES: tuple[Case, ...] = (
     Case(
         "qwen3+pa/tp2/fork/async",
@@ -51,7 +51,8 @@ CASES: tuple[Case, ...] = (
     ),
 )
 
-#: Rank 1's third relaunch raises: the job ends with that error (stock and overlay alike).
+#: Rank 1's third relaunch raises; rank 0 waits in a collective until gloo's timeout (60 s here),
+#: then fails: the job ends with an error, the same in stock and overlay (``docs/engine.md``).
 FAULT_CASE = Case(
     "qwen3+pa/tp2/fork/fault-rank1",
     model="qwen3",
