@@ -120,8 +120,12 @@ def test_every_rank_owns_its_graphs_and_updates_every_task(
             if leaks:
                 bad.append(f"{where}: went elsewhere: {leaks}")
             written = files.get(row["pid"])
-            if written is None or written.get("rank") != row["rank"]:
-                bad.append(f"{where}: status file {written and written.get('rank')} (pid, rank)")
+            if written is None:
+                bad.append(f"{where}: no status file under its pid")
+            # None: status_files reads the rank at every write, and a spawned worker's last one,
+            # at exit, comes after vLLM destroyed the process group (the pid still names it).
+            elif written.get("rank") not in (row["rank"], None):
+                bad.append(f"{where}: status file says rank {written.get('rank')}")
             elif written.get("graphs_owned") != counters.get("graphs.owned"):
                 bad.append(f"{where}: status file owns {written.get('graphs_owned')} graphs")
     assert not bad, "\n".join(bad)
@@ -138,10 +142,13 @@ def test_status_from_the_arm_directory_shows_one_row_per_rank(
 
     root, results = tp_run
     assert cli.main(["status", "--from", str(root / "overlay" / "status"), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["per_process"]
-    workers = {r["pid"] for c in _cases(results, "overlay").values() for r in tp.ranks(c)}
-    ranked = sorted((r["rank"], r["graphs_owned"]) for r in rows if r["pid"] in workers)
-    assert ranked and ranked == sorted([(0, 3), (1, 3)] * (len(ranked) // 2)), rows
+    rows = {r["pid"]: r for r in json.loads(capsys.readouterr().out)["per_process"]}
+    fork = _cases(results, "overlay")[tp.CASES[0].name]
+    shown = [(rows.get(r["pid"]) or {}).get("rank") for r in tp.ranks(fork)]
+    assert shown == [0, 1], rows
+    for record in _cases(results, "overlay").values():
+        for worker in tp.ranks(record):
+            assert (rows.get(worker["pid"]) or {}).get("graphs_owned") == 3, rows
 
 
 def test_verify_finds_no_mismatch_on_any_rank(results: dict[str, Any]) -> None:
