@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,7 +52,6 @@ def _rank_main(rank: int, directory: Path) -> None:
 
     result: Any = None
     try:
-        runtime.reset()
         store = dist.FileStore(str(directory / "store"), 2)
         dist.init_process_group(
             "gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30)
@@ -72,18 +72,22 @@ def _rank_main(rank: int, directory: Path) -> None:
         result = f"{type(exc).__name__}: {exc}"
     finally:
         (directory / f"rank{rank}.json").write_text(json.dumps(result))
-        os._exit(0)
 
 
 def test_captured_collective_replays_as_issue_plus_wait(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=_rank_main, args=(r, tmp_path)) for r in (0, 1)]
+    """Each rank in a fresh interpreter (a forked test process may hold an earlier test's
+    default process group)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "import test_sim_tp as t; t._rank_main(int(sys.argv[1]), t.Path(sys.argv[2]))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path)]) for r in (0, 1)]
     for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=60)
-        if proc.is_alive():
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
     got = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     assert got == {0: [3.0] * 4, 1: [3.0] * 4}
 
