@@ -12,12 +12,19 @@ the overlay installed, the same in every mode) and the samples go into the file.
 
 The hot path pays one comparison per counter update; the file is written outside of it only
 when a second has passed. A fork starts the child's file afresh (its own pid, its own counters).
+
+The final write is registered twice: with ``atexit`` (an interpreter that exits normally), and as a
+``multiprocessing`` finalizer (a ``multiprocessing.Process`` child, such as vLLM's engine core or a
+tensor-parallel worker, ends through ``os._exit``, which skips ``atexit``, but runs its finalizers
+first). ``Process`` clears the finalizers it inherited when it starts, so the registration is
+renewed there by an after-fork hook (fork and spawn alike).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing.util
 import os
 import sys
 import time
@@ -27,6 +34,9 @@ from typing import Any
 
 #: Seconds between two writes of one process's file while it keeps counting.
 INTERVAL = 1.0
+#: Priority of the final write among ``multiprocessing`` finalizers: after everything else (lower
+#: runs later), so what the process counted while shutting down is in the file.
+FINALIZER_PRIORITY = -100
 #: Update-time samples kept per process (the newest).
 MAX_SAMPLES = 100_000
 _PREFIX = "status-"
@@ -74,7 +84,11 @@ class StatusWriter:
 
         try:
             snap = status.snapshot()
-            snap["rank"] = rank()
+            # Keep the rank once known: the last write, at exit, comes after vLLM destroyed
+            # the process group, and the file must still say which rank counted this.
+            current = rank()
+            self.rank = current if current is not None else getattr(self, "rank", None)
+            snap["rank"] = self.rank
             if self.timer is not None:
                 snap["update_ns"] = self.timer.samples[-MAX_SAMPLES:]
                 snap["update_calls"] = len(self.timer.samples)
@@ -99,6 +113,10 @@ class StatusWriter:
         if self.timer is not None:
             self.timer.samples.clear()
         self.next_write = 0.0
+
+    def register_final_write(self) -> None:
+        """Write once more when this process ends through ``multiprocessing`` (``os._exit``)."""
+        multiprocessing.util.Finalize(None, self.write, exitpriority=FINALIZER_PRIORITY)
 
     def time_updates(self) -> None:
         """Time the runner's update entry points (trigger callback: vllm_ascend is loading)."""
@@ -129,6 +147,9 @@ def start(directory: str) -> StatusWriter:
         writer = _WRITER
         state.on_count(writer.maybe_write)
         atexit.register(lambda: writer.write())
+        writer.register_final_write()
+        # A multiprocessing.Process child clears inherited finalizers, then runs these hooks.
+        multiprocessing.util.register_after_fork(writer, StatusWriter.register_final_write)
         os.register_at_fork(after_in_child=writer.after_fork_in_child)
         trigger.arm(writer.time_updates)
     return _WRITER

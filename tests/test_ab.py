@@ -21,18 +21,40 @@ FAKE_WORKER = textwrap.dedent('''
 
     ARM = {"off": "stock", "on": "patched", "verify": "verify"}
 
+    def engine_core(n):  # a model runner in another process, ending in os._exit (vLLM's)
+        from ascend_graph_patch import state
+        for _ in range(n):
+            state.count("updates.owned")
+
     def run(spec, progress, out_dir):
-        arm = ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        arm = spec["arm"] if spec["arm"] == "eager" else ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        if os.environ.get("FAKE_ENGINE_CORE") and arm == "patched":
+            import multiprocessing
+            proc = multiprocessing.get_context("fork").Process(target=engine_core, args=(9,))
+            proc.start()
+            proc.join()
         if os.environ.get("FAKE_CRASH") == arm:
             os._exit(7)
         if os.environ.get("FAKE_SLEEP") == arm:
             time.sleep(60)
         cases = []
+        engine = os.environ.get("FAKE_ENGINE")
+        wrong = os.environ.get("FAKE_EXPECT", "").startswith("wrong")
         for name in spec["cases"]:
-            tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
-            logits = array("f", [float(t) for row in tokens for t in row])
-            if os.environ.get("FAKE_DIFF") == arm:
-                tokens[-1][0] += 1
+            if engine:  # a real engine's shape: steps x requests x positions, no eager run
+                tokens = [[[r, r + 1, r + 2] for r in range(3)] for _ in range(spec["steps"])]
+                if os.environ.get("FAKE_DIFF") == arm:
+                    tokens[0][1][2] = 99
+                if wrong and arm == "stock":
+                    tokens[0][0][0] = 77
+                logits = array("f")
+            else:
+                tokens = [[step % 5, (step * 3) % 5] for step in range(spec["steps"])]
+                if wrong and arm in ("stock", "verify"):  # verify applies stock's update
+                    tokens[0][0] = 4
+                logits = array("f", [float(t) for row in tokens for t in row])
+                if os.environ.get("FAKE_DIFF") == arm:
+                    tokens[-1][0] += 1
             if os.environ.get("FAKE_LOGITS") == arm:
                 logits[0] += 0.5
             with open(out_dir / f"{name}.f32", "wb") as f:
@@ -46,6 +68,16 @@ FAKE_WORKER = textwrap.dedent('''
                     "update_ns": [(2000 if arm == "stock" else 1000) + i
                                   for i in range(spec["steps"])],
                     "counters": counters, "env_hashseed": os.environ.get("PYTHONHASHSEED")}
+            case["step_ms"] = 10.0 if arm == "stock" else 9.0
+            if os.environ.get("FAKE_NO_TIMING"):
+                case["update_ns"] = []
+                del case["step_ms"]
+            if engine:
+                case.update(kind="engine", reference="eager arm", logits_file=None)
+                del case["eager"]
+            if wrong and not engine:
+                bad = arm in ("stock", "verify") or os.environ.get("FAKE_DIFF") == arm
+                case["eager"]["token_mismatches"] = 3 if bad else 0
             if arm == "stock" and os.environ.get("FAKE_STOCK_ERROR"):
                 case.update(status="error", error=os.environ["FAKE_STOCK_ERROR"],
                             tokens=[], update_ns=[])
@@ -147,6 +179,8 @@ def test_pass_run_order_caches_seed_and_reports(fake_cfg):
     alpha = summary.cases[0]
     assert alpha.ratio == pytest.approx(0.5, rel=0.01)  # fake: patched 1000 ns vs stock 2000 ns
     assert alpha.noise is not None
+    assert alpha.step_ms == {"stock": [10.0, 10.0], "patched": [9.0, 9.0]}
+    assert report.timing_rows(summary)[0][-2:] == ["10.00 (A-A 0.0%)", "9.00 (A-A 0.0%)"]
 
     paths = report.write(cfg, summary, runs)
     data = json.loads(paths["json"].read_text())
@@ -198,6 +232,81 @@ def test_ineffective_overlay_fails(fake_cfg):
     assert summary.verdict == compare.INEFFECTIVE and summary.exit_code == 1
 
 
+def test_stock_known_wrong_passes_only_where_patched_is_right_or_as_stock(fake_cfg):
+    env = {"FAKE_EXPECT": "wrong: positional pairing"}
+    _, summary = _run(fake_cfg(env=env, verify=True, order=["stock", "patched", "verify"]))
+    assert summary.verdict == compare.PASS and summary.exit_code == 0, summary.problems
+    assert all(c.verdict == compare.PASS_WRONG for c in summary.cases)
+    assert summary.cases[0].correctness["patched"] == "equal"
+    assert summary.cases[0].correctness["stock"].startswith("3 token(s) differ")
+    assert summary.cases[0].correctness["verify"].startswith("3 token(s) differ")  # as stock
+
+    env["FAKE_DIFF"] = "patched"  # negative control: patched equals neither eager nor stock
+    _, summary = _run(fake_cfg(env=env, order=["stock", "patched"]))
+    assert summary.verdict == compare.DIFF and summary.exit_code == 1
+
+
+def test_engine_cases_are_judged_against_the_eager_arm(fake_cfg):
+    cfg = fake_cfg(env={"FAKE_ENGINE": "1"}, eager=True, steps=2)
+    runs, summary = _run(cfg)
+    assert [r.arm for r in runs] == ["eager", "stock", "patched", "patched", "stock"]
+    assert summary.verdict == compare.PASS, summary.problems
+    assert summary.cases[0].correctness == {
+        "eager": "reference",
+        "stock": "equal",
+        "patched": "equal",
+    }
+
+    diff = {"FAKE_ENGINE": "1", "FAKE_DIFF": "patched"}
+    _, summary = _run(fake_cfg(env=diff, order=["eager", "patched"]))
+    assert summary.verdict == compare.DIFF and summary.exit_code == 1
+    where = summary.cases[0].correctness["patched"]
+    assert where == "differs at step 0, request 1, position 2: 3 vs 99"
+
+    crash = {"FAKE_ENGINE": "1", "FAKE_CRASH": "eager"}
+    _, summary = _run(fake_cfg(env=crash, order=["eager", "stock", "patched"]))
+    assert summary.verdict == compare.CRASH and summary.exit_code == 3  # no reference
+
+
+def test_empty_timing_still_writes_every_report(fake_cfg):
+    cfg = fake_cfg(env={"FAKE_NO_TIMING": "1"}, order=["stock", "patched"])
+    runs, summary = _run(cfg)
+    assert summary.verdict == compare.PASS and summary.speed == "no timing"
+    paths = report.write(cfg, summary, runs)
+    assert paths["plot_error"] is None or "matplotlib" in paths["plot_error"]
+    assert "No timing samples." in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["exit_code"] == 0
+
+
+def test_a_crashed_arm_still_gets_a_report_and_exit_3(
+    fake_worker: Path, tmp_path: Path, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_CRASH", "patched")
+    argv = ("--worker", str(fake_worker), "--scenarios", "alpha", "--no-progress", "--out")
+    assert command.run(_args(*argv, str(tmp_path / "c"))) == 3
+    data = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert data["verdict"] == "CRASH" and data["exit_code"] == 3
+    assert "CRASH" in (tmp_path / "c" / "report.md").read_text()
+
+
+def test_counters_of_a_separate_engine_core_process_are_merged(fake_cfg):
+    """vLLM's engine core runs the model runner in a child that ends in ``os._exit``: its
+    status file, not the worker's own counters, carries what the overlay did."""
+    cfg = fake_cfg(
+        env={"FAKE_ENGINE_CORE": "1", "FAKE_INEFFECTIVE": "1"},
+        workload="vllm",
+        model="fake",
+        order=["stock", "patched"],
+    )
+    runs, summary = _run(cfg)
+    patched = runs[1].result
+    assert patched["processes"]["count"] == 2  # the worker and its engine core
+    (core,) = [p for p in patched["processes"]["per_process"] if p["counters"]]
+    assert core["pid"] != patched["pid"]
+    assert patched["cases"][0]["counters"]["updates.owned"] == 9
+    assert summary.verdict == compare.PASS, summary.problems
+
+
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -223,6 +332,7 @@ def test_command_exit_codes(fake_worker: Path, tmp_path: Path, monkeypatch, caps
     monkeypatch.setenv("FAKE_CRASH", "stock")
     assert command.run(_args(*base, str(tmp_path / "c"))) == 3
     assert "CRASH" in capsys.readouterr().out
+    assert (tmp_path / "c" / "report.json").is_file() and (tmp_path / "c" / "report.md").is_file()
 
 
 def test_usage_errors(tmp_path: Path, capsys):
@@ -296,8 +406,9 @@ def test_vllm_worker_real_api_engine_mocked(mocker, tmp_path: Path):
     params = gen.call_args.args[2]
     assert params.temperature == 0.0 and params.max_tokens == 7
     case = body["cases"][0]
-    assert case["status"] == "ok" and case["tokens"] == [[0, 1], [1, 2]]
+    assert case["status"] == "ok" and case["tokens"] == [[[0, 1], [1, 2]]]  # one step
     assert case["texts"] == ["out0", "out1"]
+    assert case["step_ms"] == pytest.approx(case["generate_seconds"] * 1000 / 2)  # 2 steps
 
 
 def test_vllm_worker_records_engine_error(mocker, tmp_path: Path):
@@ -339,3 +450,75 @@ def test_real_sim_ab_end_to_end(tmp_path: Path):
     assert len(patched["update_ns"]) == 3 and case.ratio is not None
     paths = report.write(cfg, summary, runs)
     assert json.loads(paths["json"].read_text())["verdict"] == "PASS"
+
+
+# --- the --model path, end to end on the simulator with a tiny local model --------------------
+
+#: vLLM engine args for the tiny model on this CPU host (as the engine cases set them).
+TINY_ENGINE_ARGS = (
+    "--skip-tokenizer-init",
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "4",
+    "--no-enable-prefix-caching",
+    "--no-async-scheduling",  # one thread drives the simulated device
+    "--kv-cache-memory-bytes",
+    str(64 << 20),
+    "--compilation-config",
+    '{"mode": 3, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}',
+)
+
+
+def test_model_path_end_to_end_on_the_simulator(tmp_path: Path, monkeypatch, capsys):
+    """``ab --model DIR``: real vLLM in every arm, the engine core in its own process (vLLM's
+    default), its counters merged from the status files; eager, stock and patched arms."""
+    from torch_npu_sim.engine import models
+    from torch_npu_sim.engine.cases import ASCEND_COMPILATION  # no Huawei compiler packages
+
+    model = models.materialize("qwen3", tmp_path / "models")
+    extra = {"ascend_compilation_config": ASCEND_COMPILATION}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('[5, 17, 300, 41]\n[900, 12, 7]\n{"prompt_token_ids": [33, 44, 55, 66]}\n')
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = _args(
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "6",
+        "--eager",
+        "--jobs",
+        "3",  # the three arms at once: the suite's time, not host timing, matters here
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+        "--",
+        *TINY_ENGINE_ARGS,
+        "--additional-config",
+        json.dumps(extra),
+    )
+    cfg = command.build_config(args)
+    assert cfg.simulate is True  # no real torch_npu here: the arms run on the simulator
+    cfg.order = ["eager", "stock", "patched"]
+    runs = orchestrate.run_ab(cfg)
+    assert [r.status for r in runs] == ["ok"] * 3, [r.error for r in runs]
+    summary = compare.summarize(cfg, runs)
+    assert summary.verdict == compare.PASS, summary.problems
+    case = summary.cases[0]
+    assert case.correctness == {"eager": "reference", "stock": "equal", "patched": "equal"}
+    patched = runs[2].result
+    worker_pid = patched["pid"]
+    runners = patched["cases"][0]["runner_processes"]
+    assert runners and all(r["pid"] != worker_pid for r in runners)  # the engine core's
+    assert case.figures["patched"]["graphs_owned"] == 3
+    assert case.figures["patched"]["updates_owned"] > 0
+    assert patched["cases"][0]["update_ns"]  # timed in the engine core, toggle on
+    assert runs[1].result["cases"][0]["update_ns"]  # and off
+    assert len(patched["cases"][0]["tokens"][0]) == 3
+    paths = report.write(cfg, summary, runs)
+    assert json.loads(paths["json"].read_text())["exit_code"] == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_npu_sim.bench import command, core
+from torch_npu_sim.bench import command, core, projection
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +45,9 @@ def test_quick_bench_prints_ratios_and_writes_json(tmp_path: Path, capfd):
             "--no-progress",
             "--json",
             str(out),
+            "--project",
+            "--cost",
+            "relaunch_fia=120",
         )
     )
     text = capfd.readouterr().out
@@ -52,6 +55,18 @@ def test_quick_bench_prints_ratios_and_writes_json(tmp_path: Path, capfd):
     assert "overlay/stock" in text and "overlay/floor" in text
     assert "not measured" not in text
     data = json.loads(out.read_text())
+    assert data["schema"] == command.SCHEMA == 2
+    assert isinstance(data["all_met"], bool)
+    for p in data["points"]:
+        assert p["target_vs_stock"] == (0.5 if p["layers"] >= 28 else 1.0)
+        assert p["target_vs_floor"] is None  # 1 and 4 layers: below the amortised range
+        assert p["met"] == (p["vs_stock"] <= p["target_vs_stock"])
+    # the projection is labelled as such, in the table and in the JSON
+    assert "PROJECTION to an Ascend host, NOT a measurement" in text
+    projected = data["projection"]
+    assert projected["label"] == "projection, not a measurement"
+    assert projected["costs_us"]["relaunch_fia"] == 120.0
+    assert len(projected["rows"]) == len(projection.SHAPES)
     kinds = {p["kind"] for p in data["points"]}
     assert kinds == set(core.KINDS) and core.MTP_KIND in kinds
     assert len(data["points"]) == len(core.KINDS) * 4
@@ -132,3 +147,73 @@ def test_startup_fallback_parses_importtime(monkeypatch):
     monkeypatch.delattr(_bootstrap, "measure_startup", raising=False)
     result = core.startup_cost(1)
     assert result["off_ms"] is not None and result["off_ms"] >= 0
+
+
+def test_targets_per_point():
+    """Never slower than stock anywhere; the tighter targets only from 28 layers up."""
+    one = core.Point("PA", 1, 64, tasks=1, stock_us=6.0, overlay_us=5.9, floor_us=1.7)
+    assert one.target_vs_stock == 1.0 and one.target_vs_floor is None and one.met
+    slower = core.Point("PA", 1, 64, tasks=1, stock_us=6.0, overlay_us=6.1, floor_us=1.7)
+    assert not slower.met
+    deep = core.Point("FIA", 28, 64, tasks=28, stock_us=100.0, overlay_us=32.0, floor_us=24.0)
+    assert deep.target_vs_stock == 0.5 and deep.target_vs_floor == 1.3
+    assert deep.vs_floor is not None and deep.vs_floor > 1.3 and not deep.met
+    assert core.Point("FIA", 28, 64, tasks=28, stock_us=100.0, overlay_us=30.0, floor_us=24.0).met
+    assert not core.Point("FIA", 28, 64, error="boom").met
+
+
+def _points() -> list[core.Point]:
+    """Two layer counts per kind: stock glue 3 us/task + 5, overlay 0.2 us/task + 4."""
+    out = []
+    for kind, steps in (("FIA", 1), ("PA", 1), (core.MTP_KIND, 3)):
+        for layers in (1, 28):
+            tasks = layers * steps
+            floor = 0.9 * tasks
+            out.append(
+                core.Point(
+                    kind,
+                    layers,
+                    64,
+                    tasks=tasks,
+                    steps=steps,
+                    stock_us=floor + 5 + 3 * tasks,
+                    overlay_us=floor + 4 + 0.2 * tasks,
+                    floor_us=floor,
+                )
+            )
+    return out
+
+
+def test_projection_adds_glue_to_call_costs_and_counts_avoided_getters():
+    costs = projection.CallCosts()
+    data = projection.project(_points(), costs)
+    rows = {r["shape"]: r for r in data["rows"]}
+    fia, pa = rows["28 layers FIA"], rows["28 layers PA"]
+    per_fia = costs.update_begin + costs.relaunch_fia + costs.update_end + costs.event_record
+    assert fia["stock_ms"] == pytest.approx((5 + 3 * 28 + 28 * per_fia) / 1000)
+    assert fia["overlay_ms"] == pytest.approx((4 + 0.2 * 28 + 28 * per_fia) / 1000)
+    assert fia["saved_by_calls_ms"] == 0 and fia["stock_getter_calls"] == 0
+    # PA: stock calls the workspace getter per layer, the overlay once per KV group
+    assert (pa["stock_getter_calls"], pa["overlay_getter_calls"]) == (28, 1)
+    assert pa["saved_by_calls_ms"] == pytest.approx(27 * costs.pa_workspace_getter / 1000)
+    assert pa["saved_ms"] == pytest.approx(pa["saved_by_glue_ms"] + pa["saved_by_calls_ms"])
+    # MTP k=3 adds one draft layer's 3 tasks to the step, with the draft kind's glue
+    mtp = rows["28 layers FIA + MTP k=3"]
+    assert mtp["tasks"] == 31
+    assert mtp["stock_ms"] - fia["stock_ms"] == pytest.approx((5 + 3 * 3 + 3 * per_fia) / 1000)
+
+
+def test_projection_needs_every_kind_and_valid_costs():
+    with pytest.raises(ValueError, match="missing PA"):
+        projection.project([p for p in _points() if p.kind != "PA"], projection.CallCosts())
+    assert projection.CallCosts.parse(["relaunch-pa=12.5"]).relaunch_pa == 12.5
+    for bad in ("nope=1", "relaunch_pa", "relaunch_pa=x", "relaunch_pa=-1"):
+        with pytest.raises(ValueError, match="--cost"):
+            projection.CallCosts.parse([bad])
+
+
+def test_cost_without_project_is_a_usage_error(capfd):
+    assert command.run(_args("--cost", "relaunch_fia=1", "--no-progress")) == 2
+    assert "--cost is used by --project" in capfd.readouterr().err
+    assert command.run(_args("--project", "--kinds", "FIA", "--no-progress")) == 2
+    assert "--project needs the kinds" in capfd.readouterr().err

@@ -161,7 +161,6 @@ def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
         group = -1
-        writes = ()
 
         def values(self, md, cache):
             raise RuntimeError("boom")
@@ -293,7 +292,7 @@ def test_kv_sharing_layers_share_a_metadata_key_but_are_distinct_tasks(runtime):
 
 def bound(provider, md, launch=None, cache=None):
     launch = {} if launch is None else launch
-    provider.bind(md, launch, {} if cache is None else cache)
+    launch.update(provider.values(md, {} if cache is None else cache))
     return launch
 
 

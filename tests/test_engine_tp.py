@@ -122,9 +122,7 @@ def test_every_rank_owns_its_graphs_and_updates_every_task(
             written = files.get(row["pid"])
             if written is None:
                 bad.append(f"{where}: no status file under its pid")
-            # None: status_files reads the rank at every write, and a spawned worker's last one,
-            # at exit, comes after vLLM destroyed the process group (the pid still names it).
-            elif written.get("rank") not in (row["rank"], None):
+            elif written.get("rank") != row["rank"]:
                 bad.append(f"{where}: status file says rank {written.get('rank')}")
             elif written.get("graphs_owned") != counters.get("graphs.owned"):
                 bad.append(f"{where}: status file owns {written.get('graphs_owned')} graphs")
@@ -222,7 +220,6 @@ def test_ab_with_a_model_at_tp2_end_to_end(tmp_path: Path) -> None:
         "--additional-config", json.dumps(additional),
         "--compilation-config", json.dumps(compilation),
     ]  # fmt: skip
-    status = tmp_path / "status"
     cfg = orchestrate.ABConfig(
         out=tmp_path / "ab",
         workload="vllm",
@@ -236,7 +233,6 @@ def test_ab_with_a_model_at_tp2_end_to_end(tmp_path: Path) -> None:
         progress=False,
         order=["stock", "patched"],
         extra_env={
-            "ASCEND_GRAPH_PATCH_STATUS_DIR": str(status),
             "VLLM_WORKER_MULTIPROC_METHOD": "fork",
             "OMP_NUM_THREADS": "1",
         },
@@ -247,7 +243,12 @@ def test_ab_with_a_model_at_tp2_end_to_end(tmp_path: Path) -> None:
     case = summary.cases[0]
     assert case.verdict == compare.PASS, case.reasons
     assert case.tokens.startswith("equal"), case.tokens
-    workers = [s for s in status_files.read_dir(status) if s.get("rank") is not None]
+    workers = [
+        s
+        for run in runs
+        for s in status_files.read_dir(run.dir / "status")  # the A/B's per-arm status directory
+        if s.get("rank") is not None
+    ]
     by_mode = {
         mode: sorted(s["rank"] for s in workers if s.get("mode") == mode) for mode in ("on", "off")
     }

@@ -179,3 +179,42 @@ def test_with_the_toggle_off_a_status_directory_still_measures_update_time(tmp_p
     assert all(ns >= 2_000_000 for ns in snap["update_ns"])
     assert snap["timed_targets"] == ["vllm_ascend.worker.model_runner_v1:update_full_graph_params"]
     assert status_files.merge([snap, snap])["update_ns"] == snap["update_ns"] * 2
+
+
+MP_CHILD = """
+import multiprocessing, os, sys
+from ascend_graph_patch import state
+
+def work():
+    for _ in range(5):  # the first count writes the file; the other four fall in its second
+        state.count("updates.owned")
+    print(os.getpid(), flush=True)
+
+if __name__ == "__main__":
+    proc = multiprocessing.get_context(sys.argv[1]).Process(target=work)
+    proc.start()
+    proc.join()
+    sys.exit(proc.exitcode)
+"""
+
+
+def test_a_multiprocessing_child_ending_in_os_exit_writes_its_last_counts(tmp_path: Path) -> None:
+    """A forked ``multiprocessing.Process`` (vLLM's engine core, TP workers) ends through
+    ``os._exit``, skipping atexit: the multiprocessing finalizer still writes. (A spawned child
+    exits through ``sys.exit``, so atexit covers it.)"""
+    script = tmp_path / "mp_child.py"
+    script.write_text(MP_CHILD)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
+    clean.update(ASCEND_GRAPH_PATCH="observe", ASCEND_GRAPH_PATCH_STATUS_DIR=str(tmp_path / "st"))
+    proc = subprocess.run(
+        [sys.executable, str(script), "fork"],
+        env=clean,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    child = int(proc.stdout.split()[-1])
+    snaps = {s["pid"]: s for s in status_files.read_dir(tmp_path / "st")}
+    assert snaps[child]["counters"] == {"updates.owned": 5}

@@ -54,10 +54,10 @@ def graph(runtime: RecordingRuntime) -> tuple[OwnedGraph, list]:
                 event=SimpleNamespace(record=lambda s: None),
                 op=lambda **kw: None,
                 template={},
-                provider=SimpleNamespace(kind="fia", group=0, writes=(), values=lambda md, c: {}),
+                provider=SimpleNamespace(kind="fia", group=0, values=lambda md, c: {}),
             )
         )
-    return owned, [(t, t.template) for t in owned.tasks]
+    return owned, [(t, t.launch) for t in owned.tasks]
 
 
 def interleaved(calls: list[tuple[str, str]]) -> bool:

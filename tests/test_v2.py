@@ -329,10 +329,6 @@ def _shift_first_task() -> None:
         def group(self) -> int:
             return -1  # its own group: the other tasks must not share its shifted values
 
-        @property
-        def writes(self) -> tuple[str, ...]:
-            return self.original.writes
-
         def values(self, metadata: Any, cache: dict) -> dict:
             values = self.original.values(metadata, cache)
             kv = list(values["actual_seq_lengths_kv"])

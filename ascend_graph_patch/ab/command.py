@@ -1,9 +1,11 @@
 """``ascend-graph-patch ab``: the overlay against stock replay, a fresh process per arm.
 
-Without ``--model`` the workload is the simulator (the real vllm-ascend attention in real
-ACLGraphWrapper capture/replay); with ``--model`` it is vLLM offline greedy inference (Ascend
-hosts). Exit status: 0 PASS, 1 outputs differ (or the overlay was not effective), 2 usage error,
-3 an arm crashed or timed out.
+Without ``--model`` the workload is the simulator's (torch-npu-sim): by default the real vLLM
+engine over tiny models (dense, Gemma4-type, a draft model), with ``--scenarios`` any engine case
+or harness workload (the real vllm-ascend graph code driven directly: MTP drafts, model runner
+v2), with ``--all`` every one. With ``--model`` it is vLLM offline greedy inference of that model:
+on an Ascend host, or on the simulator where no real torch_npu is installed. Exit status: 0 PASS,
+1 outputs differ (or the overlay was not effective), 2 usage error, 3 an arm crashed or timed out.
 """
 
 from __future__ import annotations
@@ -33,9 +35,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scenarios",
         default=None,
-        help="comma-separated simulator scenarios (default: all; see --list)",
+        help="comma-separated simulator cases and workloads (default: the real-engine set; "
+        "see --list)",
     )
-    parser.add_argument("--list", action="store_true", help="list the simulator scenarios")
+    parser.add_argument(
+        "--all", action="store_true", help="every simulator case and workload (see --list)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the quick real-engine set, arms eager, stock, patched (one each, no ABBA)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the simulator workloads")
     parser.add_argument(
         "--steps",
         type=int,
@@ -54,6 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add a verify arm (ASCEND_GRAPH_PATCH=verify: shadow-compares "
         "every update with stock in-process)",
+    )
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="with --model: add an eager reference arm (enforce_eager); always on for the "
+        "simulator's engine cases",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="arms run at once (default: 2 for simulator engine cases, whose host timing is "
+        "not used; else 1)",
     )
     parser.add_argument(
         "--timeout",
@@ -107,8 +131,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def catalogue(workload: str = "sim") -> dict[str, str]:
-    """Scenario name -> how stock is known to behave on it, asked of the workload's worker.
+def catalogue(workload: str = "sim") -> dict[str, dict]:
+    """Name -> {stock, kind, default, quick}: how stock is known to behave on each workload,
+    whether it is a real-engine case or a harness workload, and which sets it is in; asked of
+    the workload's worker.
 
     The worker runs in a subprocess (``--list``): the overlay never imports a workload package.
     """
@@ -132,11 +158,17 @@ def catalogue(workload: str = "sim") -> dict[str, str]:
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"{module} --list failed: {tail}")
-    return dict(json.loads(proc.stdout))
+    table = dict(json.loads(proc.stdout))
+    return {  # a worker of an older protocol answers name -> stock
+        name: entry if isinstance(entry, dict) else {"stock": entry, "kind": "harness"}
+        for name, entry in table.items()
+    }
 
 
-def read_prompts(path: str) -> list[str]:
-    """One prompt per JSONL line: a JSON string, or an object with a ``prompt`` (or ``text``)."""
+def read_prompts(path: str) -> list[str | list[int]]:
+    """One prompt per JSONL line: a JSON string, or an object with a ``prompt`` (or ``text``);
+    or token ids (a list of ints, or ``{"prompt_token_ids": [...]}``) for a model without a
+    tokenizer (pass ``--skip-tokenizer-init`` to the engine)."""
     prompts = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -150,9 +182,14 @@ def read_prompts(path: str) -> list[str]:
         except ValueError as exc:
             raise UsageError(f"{path}:{number}: not JSON ({exc})") from exc
         if isinstance(item, dict):
-            item = item.get("prompt", item.get("text"))
+            item = item.get("prompt", item.get("text", item.get("prompt_token_ids")))
+        if isinstance(item, list) and item and all(type(t) is int for t in item):
+            prompts.append(item)
+            continue
         if not isinstance(item, str) or not item:
-            raise UsageError(f'{path}:{number}: expected a string or {{"prompt": "..."}}')
+            raise UsageError(
+                f'{path}:{number}: expected a string, {{"prompt": "..."}} or token ids'
+            )
         prompts.append(item)
     if not prompts:
         raise UsageError(f"{path}: no prompts")
@@ -169,6 +206,8 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         raise UsageError("--steps must be >= 1")
     if args.repeats < 1:
         raise UsageError("--repeats must be >= 1")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be >= 1")
     if args.warmup < 0:
         raise UsageError("--warmup must be >= 0")
     cfg = ABConfig(
@@ -183,8 +222,12 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         progress=not args.no_progress,
     )
     if args.model:
-        if args.scenarios:
-            raise UsageError("--scenarios selects simulator workloads; it cannot go with --model")
+        if args.scenarios or args.all or args.quick:
+            raise UsageError(
+                "--scenarios, --all and --quick select simulator workloads, not --model"
+            )
+        from ascend_graph_patch.ab.orchestrate import simulated
+
         cfg.workload, cfg.model = "vllm", args.model
         cfg.cases = [f"vllm:{args.model}"]
         cfg.prompts = read_prompts(args.prompts) if args.prompts else None
@@ -192,22 +235,39 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         cfg.engine_args = engine_args
         cfg.timeout = args.timeout or 3600.0
         cfg.warmup = 0 if args.warmup == 2 else args.warmup  # vLLM: samples are engine steps
+        cfg.eager = args.eager
+        cfg.simulate = simulated()
+        cfg.jobs = args.jobs or 1
     else:
         if args.prompts or engine_args:
             raise UsageError("--prompts and engine args need --model")
-        known = list(catalogue()) if args.worker is None else None
+        if sum(bool(x) for x in (args.scenarios, args.all, args.quick)) > 1:
+            raise UsageError("--scenarios, --all and --quick exclude each other")
+        known = catalogue() if args.worker is None else None
         names = [s.strip() for s in (args.scenarios or "").split(",") if s.strip()]
-        if not names:
-            if known is None:
+        if known is None:
+            if not names:
                 raise UsageError("--scenarios is required with --worker")
-            names = known
+        elif args.all:  # less what the release cannot run in any graph arm (see --list)
+            names = [n for n, e in known.items() if e.get("all", True)]
+        elif not names:
+            key = "quick" if args.quick else "default"
+            names = [n for n, e in known.items() if e.get(key)]
+            if not names:  # a worker without sets: every harness workload, as before
+                names = list(known)
         unknown = [n for n in names if known is not None and n not in known]
         if unknown:
             raise UsageError(
                 f"unknown scenario(s) {', '.join(unknown)}; available: {', '.join(known or [])}"
             )
+        engine = [n for n in names if known is not None and known[n].get("kind") == "engine"]
         cfg.cases = names
+        cfg.engine_cases = len(engine)
         cfg.timeout = args.timeout or 600.0
+        cfg.eager = bool(engine) or args.eager
+        cfg.jobs = args.jobs or (2 if engine and len(engine) == len(names) else 1)
+        if args.quick:
+            cfg.order = ["eager", "stock", "patched"] + (["verify"] if args.verify else [])
     if args.worker:
         cfg.worker_cmd = [sys.executable, args.worker]
     return cfg
@@ -216,8 +276,12 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
 def run(args: argparse.Namespace) -> int:
     try:
         if args.list:
-            for name, stock in catalogue().items():
-                print(f"{name:<22} stock: {stock}")
+            for name, entry in catalogue().items():
+                sets = [k for k in ("default", "quick") if entry.get(k)]
+                if not entry.get("all", True):
+                    sets.append("not in --all: the release cannot run it in any graph arm")
+                tag = f" [{', '.join(sets)}]" if sets else ""
+                print(f"{name:<36} {entry.get('kind', '?'):<8} stock: {entry['stock']}{tag}")
             return 0
         cfg = build_config(args)
     except UsageError as exc:
@@ -232,11 +296,11 @@ def run(args: argparse.Namespace) -> int:
         print(paths["json"].read_text())
     else:
         print(report.text_table(cfg, summary))
-        written = ", ".join(str(p) for p in paths.values() if p is not None)
+        written = ", ".join(str(paths[k]) for k in ("json", "md", "png") if paths[k])
         print(f"report: {written}")
         if paths["png"] is None:
-            print(
-                "(no update_time.png: install matplotlib, e.g. pip install "
-                "'ascend-graph-patch[report]')"
-            )
+            hint = ""
+            if "matplotlib" in str(paths["plot_error"]):
+                hint = ": pip install 'ascend-graph-patch[report]'"
+            print(f"(no report.png: {paths['plot_error']}{hint})")
     return summary.exit_code

@@ -9,6 +9,13 @@ Rules (docs/ab.md explains them for users):
 * a scenario on which the stock update is KNOWN to fail (the scenario says so) may fail in the
   stock arm with that exception type: then the patched arm is judged against eager alone;
 * any other exception, a dead or timed-out arm, is a CRASH, never a pass;
+* a scenario on which stock is KNOWN to be wrong (``wrong: ...``) may differ from eager in the
+  stock arm: stock and verify (which applies stock's update) are compared among themselves, the
+  other arms among themselves, and each run must equal eager or, never worse than stock,
+  reproduce stock's tokens exactly (noted); verify's mismatches with the wrong stock update are
+  expected and noted;
+* workloads without an in-process eager run (real engines) are compared with the ``eager`` arm:
+  equal tokens, or the first divergence (step, request, position, tokens) fails the case;
 * the patched arm must really have owned updates (else the A/B compared stock with stock);
 * the verify arm must report zero mismatches.
 """
@@ -24,15 +31,24 @@ from typing import Any
 from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
 
-PASS, PASS_KNOWN, DIFF, CRASH, INEFFECTIVE = (
+PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE = (
     "PASS",
     "PASS (stock fails, known)",
+    "PASS (stock wrong, known)",
     "DIFF",
     "CRASH",
     "INEFFECTIVE",
 )
-_RANK = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3}
-EXIT_CODES = {PASS: 0, PASS_KNOWN: 0, INEFFECTIVE: 1, DIFF: 1, CRASH: 3}
+PASSES = (PASS, PASS_KNOWN, PASS_WRONG)
+_RANK = {PASS: 0, PASS_KNOWN: 0, PASS_WRONG: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3}
+EXIT_CODES = {PASS: 0, PASS_KNOWN: 0, PASS_WRONG: 0, INEFFECTIVE: 1, DIFF: 1, CRASH: 3}
+#: The arms whose host update time is compared.
+TIMED_ARMS = ("stock", "patched")
+#: Why a real engine on the simulator shows no host timing.
+SIMULATOR_TIMING_NOTE = (
+    "no host timing on the simulator: the update call also drains the blocked replay on the "
+    "host (see `ascend-graph-patch bench` for host cost)"
+)
 
 
 @dataclass
@@ -58,6 +74,15 @@ class CaseResult:
     timing: dict[str, ArmTiming] = field(default_factory=dict)
     ratio: float | None = None  # patched / stock median host update time
     noise: float | None = None  # A-A relative spread of per-run medians (max over arms)
+    kind: str = "harness"  # harness | engine | vllm
+    #: arm -> tokens against the reference: "equal", "reference", the first divergence, a crash
+    correctness: dict[str, str] = field(default_factory=dict)
+    #: arm -> graphs owned, tasks updated, fallbacks, verify mismatches, acceptance (first run)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timing_note: str | None = None
+    expect: str = "ok"  # how stock is known to behave on the case
+    #: arm -> per-run step latency in ms (vLLM: generate time / longest output), where measured
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def fail(self, verdict: str, reason: str) -> None:
         if _RANK[verdict] > _RANK[self.verdict]:  # failures outrank both passes
@@ -99,6 +124,10 @@ def _expected_error_type(expect: str) -> str | None:
     return expect[len("crash:") :].strip().split(":", 1)[0].strip() or None
 
 
+def _known_wrong(expect: str) -> bool:
+    return expect.startswith("wrong:")
+
+
 def case_state(run: ArmRun, name: str) -> tuple[str, dict[str, Any] | None]:
     """(state, case) with state in ok / known_fail / error / crash / missing."""
     if run.status != "ok" or run.result is None:
@@ -133,6 +162,29 @@ def _max_abs(a: array, b: array) -> float:
     return max((abs(x - y) for x, y in zip(a, b, strict=False)), default=0.0)
 
 
+def first_divergence(ref: list, other: list) -> str | None:
+    """Where two runs' tokens (per step, request, position) first differ, or None if equal."""
+    for step, (a, b) in enumerate(zip(ref, other, strict=False)):
+        if a == b:
+            continue
+        if not (isinstance(a, list) and isinstance(b, list)):
+            return f"step {step}: {a} vs {b}"
+        for req, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x == y:
+                continue
+            if isinstance(x, list) and isinstance(y, list):
+                pos = _first_token_diff(x, y)
+                assert pos is not None
+                tx = x[pos] if pos < len(x) else "(end)"
+                ty = y[pos] if pos < len(y) else "(end)"
+                return f"step {step}, request {req}, position {pos}: {tx} vs {ty}"
+            return f"step {step}, request {req}: {x} vs {y}"
+        return f"step {step}: {len(a)} vs {len(b)} requests"
+    if len(ref) != len(other):
+        return f"{len(ref)} vs {len(other)} steps"
+    return None
+
+
 def _first_token_diff(a: list, b: list) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
@@ -145,7 +197,10 @@ def _first_token_diff(a: list, b: list) -> int | None:
 
 def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
     res = CaseResult(name=name)
-    states = {run.index: case_state(run, name) for run in runs}
+    all_states = {run.index: case_state(run, name) for run in runs}
+    eager_runs = [r for r in runs if r.arm == "eager"]
+    runs = [r for r in runs if r.arm != "eager"]  # the eager arm is the reference, judged below
+    states = {r.index: all_states[r.index] for r in runs}
     by_arm: dict[str, list[ArmRun]] = {}
     for run in runs:
         by_arm.setdefault(run.arm, []).append(run)
@@ -178,12 +233,38 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
     elif "known_fail" in stock_states and "ok" in stock_states:
         res.fail(DIFF, "stock arm is not deterministic: it failed in one run, passed in another")
 
+    first = next((c for _, c in states.values() if c), None) or {}
+    res.kind = str(first.get("kind") or ("vllm" if cfg.workload == "vllm" else "harness"))
+    res.timing_note = first.get("timing_note")
+    res.expect = str(first.get("expect", "ok"))
+    wrong = _known_wrong(res.expect)
     ok_runs = [r for r in runs if states[r.index][0] == "ok"]
+    for run in runs:
+        state, case = states[run.index]
+        if run.arm not in res.correctness and state != "ok":
+            res.correctness[run.arm] = _label(state) + (
+                f": {case.get('error')}" if case and case.get("error") else ""
+            )
     if ok_runs:
-        _compare_outputs(cfg, res, ok_runs, states)
-        _check_eager(cfg, res, ok_runs, states)
-        _check_overlay(cfg, res, ok_runs, states)
-    _timing(cfg, res, runs, states)
+        if wrong:  # verify applies stock's update: its outputs are stock's
+            stock = [r for r in ok_runs if r.arm in ("stock", "verify")]
+            others = [r for r in ok_runs if r.arm not in ("stock", "verify")]
+            for group in (stock, others):
+                if group:
+                    _compare_outputs(cfg, res, group, states)
+            res.tokens = "stock wrong (known): arms compared with eager"
+        else:
+            _compare_outputs(cfg, res, ok_runs, states)
+        _check_eager(cfg, res, ok_runs, states, wrong)
+        _check_eager_arm(cfg, res, ok_runs, states, eager_runs, all_states, wrong)
+        _check_overlay(cfg, res, ok_runs, states, wrong)
+    _figures(res, eager_runs + runs, all_states)
+    if wrong and res.verdict == PASS:
+        res.verdict = PASS_WRONG
+    if cfg.workload == "vllm" and cfg.simulate:
+        res.timing_note = SIMULATOR_TIMING_NOTE
+    else:
+        _timing(cfg, res, runs, states)
     return res
 
 
@@ -241,18 +322,43 @@ def _compare_outputs(
         res.tokens = f"equal ({res.steps} steps x {compared + 1} runs)"
 
 
+def _stock_tokens(ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]) -> list | None:
+    stock = next((r for r in ok_runs if r.arm == "stock"), None)
+    return None if stock is None else states[stock.index][1].get("tokens")
+
+
 def _check_eager(
-    cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+    cfg: ABConfig,
+    res: CaseResult,
+    ok_runs: list[ArmRun],
+    states: dict[int, tuple[str, Any]],
+    wrong: bool = False,
 ) -> None:
     worst, bad = 0.0, []
     seen = False
+    stock_tokens = _stock_tokens(ok_runs, states)
     for run in ok_runs:
-        ev = states[run.index][1].get("eager")
+        case = states[run.index][1]
+        ev = case.get("eager")
         if not ev:
             continue
         seen = True
         worst = max(worst, float(ev.get("max_abs", 0.0)))
-        if ev.get("token_mismatches"):
+        mism = ev.get("token_mismatches")
+        res.correctness.setdefault(
+            run.arm,
+            "equal"
+            if not mism
+            else f"{mism} token(s) differ (first at step {ev.get('first_mismatch')})",
+        )
+        if mism and wrong and run.arm == "stock":
+            res.notes.append(f"stock run {run.index}: {mism} token(s) differ from eager (known)")
+        elif mism and wrong and case.get("tokens") == stock_tokens:
+            res.notes.append(
+                f"{run.arm} run {run.index}: reproduces stock's tokens exactly "
+                "(never worse than stock)"
+            )
+        elif mism:
             bad.append(
                 f"{run.arm} run {run.index}: {ev['token_mismatches']} token(s) differ "
                 f"from eager (first at step {ev.get('first_mismatch')})"
@@ -272,20 +378,106 @@ def _check_eager(
         res.fail(DIFF, "eager: " + text)
 
 
+def _check_eager_arm(
+    cfg: ABConfig,
+    res: CaseResult,
+    ok_runs: list[ArmRun],
+    states: dict[int, tuple[str, Any]],
+    eager_runs: list[ArmRun],
+    all_states: dict[int, tuple[str, Any]],
+    wrong: bool,
+) -> None:
+    """Runs without an in-process eager reference, against the eager arm's tokens."""
+    needing = [r for r in ok_runs if states[r.index][1].get("reference") == "eager arm"]
+    if not needing and not eager_runs:
+        return
+    if not eager_runs:
+        if needing:
+            res.notes.append("no eager arm: tokens are compared between the arms only")
+        return
+    eager = eager_runs[0]
+    state, case = all_states[eager.index]
+    if state == "missing" and not needing:
+        return  # a workload with its own eager reference: the eager arm had nothing to run
+    if state != "ok" or case is None:
+        detail = eager.error if state == "crash" else (case or {}).get("error", state)
+        res.correctness["eager"] = f"{_label(state)}: {detail}"
+        res.fail(CRASH, f"eager arm (run {eager.index}) has no reference: {detail}")
+        return
+    res.correctness["eager"] = "reference"
+    ref = case.get("tokens", [])
+    stock_tokens = _stock_tokens(ok_runs, states)
+    bad = []
+    for run in ok_runs:
+        tokens = states[run.index][1].get("tokens", [])
+        where = first_divergence(ref, tokens)
+        if where is None:
+            res.correctness.setdefault(run.arm, "equal")
+            continue
+        res.correctness.setdefault(run.arm, f"differs at {where}")
+        if wrong and (run.arm == "stock" or tokens == stock_tokens):
+            res.notes.append(f"{run.arm} run {run.index}: differs from eager at {where} (as stock)")
+        else:
+            bad.append(f"{run.arm} run {run.index} differs from eager at {where}")
+    res.eager = "equal" if not bad else "DIFFER"
+    for text in bad:
+        res.fail(DIFF, "eager arm: " + text)
+
+
+def _figures(res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, Any]]) -> None:
+    """What each arm's overlay did (first run of the arm that ran the case)."""
+    for run in runs:
+        state, case = states[run.index]
+        if run.arm in res.figures or case is None:
+            continue
+        counters = case.get("counters") or {}
+        res.figures[run.arm] = {
+            "graphs_owned": case.get("graphs_owned", counters.get("graphs.owned")),
+            "tasks_updated": counters.get("tasks.updated"),
+            "updates_owned": counters.get("updates.owned"),
+            "fallbacks": fallbacks(counters),
+            "verify_tasks": counters.get("verify.tasks"),
+            "verify_mismatches": counters.get("verify.mismatches"),
+            "verify_stock_failed": counters.get("verify.stock_failed"),
+            "acceptance": case.get("acceptance"),
+        }
+
+
+def fallbacks(counters: dict[str, int]) -> int:
+    """Updates the overlay left to stock or resolved by a fallback, and errors it absorbed."""
+    return sum(
+        v
+        for k, v in counters.items()
+        if k.startswith(("fallback.", "errors.")) or k == "updates.stock.unowned"
+    )
+
+
 def _check_overlay(
-    cfg: ABConfig, res: CaseResult, ok_runs: list[ArmRun], states: dict[int, tuple[str, Any]]
+    cfg: ABConfig,
+    res: CaseResult,
+    ok_runs: list[ArmRun],
+    states: dict[int, tuple[str, Any]],
+    wrong: bool = False,
 ) -> None:
     for run in ok_runs:
         counters = states[run.index][1].get("counters") or {}
         if run.arm == "patched" and not counters.get("updates.owned"):
             msg = f"patched run {run.index}: the overlay owned no update (it was not effective)"
-            if cfg.workload == "sim":
+            seen_all = cfg.workload != "vllm" or (run.result or {}).get("processes", {}).get(
+                "count"
+            )
+            if seen_all:
                 res.fail(INEFFECTIVE, msg)
-            else:  # counters only see this process; runners may live elsewhere (TP > 1)
-                res.notes.append(msg + " in the worker process")
+            else:  # no status files: the counters saw the worker process only
+                res.notes.append(msg + " in the worker process (no status files)")
         if run.arm == "verify":
             mism = int(counters.get("verify.mismatches", 0))
-            if mism:
+            if mism and wrong:
+                res.notes.append(
+                    f"verify run {run.index}: {mism} mismatch(es) with the stock update, which "
+                    "is known to be wrong here"
+                )
+            elif mism:
                 res.fail(
                     DIFF,
                     f"verify run {run.index}: {mism} parameter mismatch(es) "
@@ -300,7 +492,7 @@ def _check_overlay(
 def _timing(
     cfg: ABConfig, res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, Any]]
 ) -> None:
-    for arm in ("stock", "patched"):
+    for arm in TIMED_ARMS:
         pooled: list[float] = []
         medians: list[float] = []
         for run in runs:
@@ -323,6 +515,10 @@ def _timing(
     if st and pa and st.median_us:
         res.ratio = pa.median_us / st.median_us
         res.noise = aa_noise([st.run_medians_us, pa.run_medians_us])
+    for run in runs:
+        state, case = states[run.index]
+        if run.arm in TIMED_ARMS and state == "ok" and case.get("step_ms") is not None:
+            res.step_ms.setdefault(run.arm, []).append(float(case["step_ms"]))
 
 
 def aa_noise(per_arm_medians: list[list[float]]) -> float | None:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: arm name -> value of ASCEND_GRAPH_PATCH in that arm's process.
-ARM_MODES: dict[str, str] = {"stock": "off", "patched": "on", "verify": "verify"}
+#: arm name -> value of ASCEND_GRAPH_PATCH in that arm's process. The eager arm (the reference
+#: of workloads without an in-process eager run: real engines) builds eager engines, overlay off.
+ARM_MODES: dict[str, str] = {"eager": "off", "stock": "off", "patched": "on", "verify": "verify"}
 
 #: Result schema version (bump on incompatible changes).
 SCHEMA = 1

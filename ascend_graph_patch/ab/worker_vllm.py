@@ -1,10 +1,11 @@
-"""vLLM arm worker (Ascend hosts): offline greedy inference with ``vllm.LLM`` in this process.
+"""vLLM arm worker: offline greedy inference with ``vllm.LLM`` (an Ascend host, or the simulator).
 
 The toggle (``ASCEND_GRAPH_PATCH``) was set by the orchestrator before this interpreter started,
-so the ``.pth`` loader has already decided whether the overlay installs. The update entry points
-are timed with wrapt wrappers; that only sees the model runner if it runs in this process, so the
-orchestrator sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (with tensor parallelism the runners live in
-other processes and the timing comes back empty; the outputs are still compared).
+so the ``.pth`` loader has already decided whether the overlay installs, in this process and in
+every process vLLM starts (engine core, tensor-parallel workers). The counters and update timings
+of those processes reach the orchestrator through their status files (``status_files``); the
+figures taken here (this process only) are the fallback where no status file was written. The
+``eager`` arm builds the engine with ``enforce_eager`` (the reference tokens).
 
 Run as ``python -m ascend_graph_patch.ab.worker_vllm --spec S --result R [--progress P]``.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +58,15 @@ def engine_kwargs(model: str, engine_args: list[str]) -> dict[str, Any]:
     return out
 
 
-def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[str, Any]]:
-    """Build the engine and run greedy generation; the one call tests mock is ``LLM.generate``."""
+def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[str, Any], float]:
+    """Build the engine and run greedy generation: the outputs, the engine kwargs and the
+    seconds ``generate`` took (not the build); the one call tests mock is ``LLM.generate``."""
     from vllm import LLM, SamplingParams
 
     kwargs = engine_kwargs(spec["model"], spec.get("engine_args", []))
     kwargs.setdefault("seed", int(spec["seed"]))
+    if spec.get("enforce_eager"):
+        kwargs["enforce_eager"] = True
     llm = LLM(model=spec["model"], **kwargs)
     params = SamplingParams(
         temperature=0.0,
@@ -69,10 +74,17 @@ def generate(spec: dict[str, Any], progress: Progress) -> tuple[list[Any], dict[
         seed=int(spec["seed"]),
         logprobs=1,
     )
-    prompts = list(spec.get("prompts") or DEFAULT_PROMPTS)
+    prompts = [as_prompt(p) for p in spec.get("prompts") or DEFAULT_PROMPTS]
+    started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
     progress.advance(len(prompts), force=True)
-    return list(outputs), kwargs
+    return list(outputs), kwargs, seconds
+
+
+def as_prompt(prompt: str | list[int]) -> Any:
+    """A text prompt, or token ids (a model without a tokenizer: ``--skip-tokenizer-init``)."""
+    return {"prompt_token_ids": list(prompt)} if isinstance(prompt, list) else prompt
 
 
 def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, Any]:
@@ -91,7 +103,7 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
     }
     kwargs: dict[str, Any] = {}
     try:
-        outputs, kwargs = generate(spec, progress)
+        outputs, kwargs, case["generate_seconds"] = generate(spec, progress)
     except Exception as exc:  # noqa: BLE001 - recorded; the orchestrator decides what it means
         import traceback
 
@@ -101,9 +113,9 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
             traceback=traceback.format_exc(),
         )
         outputs = []
-    by_prompt = {o.prompt: o for o in outputs}
-    for prompt in prompts:
-        out = by_prompt.get(prompt)
+    # LLM.generate returns one output per prompt, in the prompts' order.
+    for index, prompt in enumerate(prompts):
+        out = outputs[index] if index < len(outputs) else None
         if out is None or not out.outputs:
             if case["status"] == "ok":
                 case.update(status="error", error=f"no output for prompt {prompt!r}")
@@ -112,7 +124,13 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
         case["tokens"].append([int(t) for t in first.token_ids])
         case["texts"].append(first.text)
         case["cumulative_logprob"].append(first.cumulative_logprob)
-    case["rows"] = [1] * len(case["tokens"])
+    # One step holding every request: the report shows a divergence as request, position.
+    case["tokens"] = [case["tokens"]] if case["tokens"] else []
+    case["rows"] = [len(case["tokens"][0])] if case["tokens"] else []
+    # Step latency: the requests decode together, so the longest output is the number of steps.
+    longest = max((len(t) for t in case["tokens"][0]), default=0) if case["tokens"] else 0
+    if longest and "generate_seconds" in case:
+        case["step_ms"] = case["generate_seconds"] * 1000.0 / longest
     case["steps_done"] = len(case["tokens"])
     # vLLM interleaves prompts in one batch: every timed update call is one step of the engine.
     case["update_ns"] = list(timer.samples)

@@ -5,8 +5,8 @@ The stock capture code runs unchanged. After a backend capture method (``full_gr
 captured tuple) becomes an ``UpdateTask`` of the graph being captured (``core.tasks``), keyed by
 its layer's metadata key (``kv_sharing_target_layer_name or layer_name``, as stock's
 ``_graph_metadata_layer_name``) and, in a draft graph, by the draft step, recovered by identity:
-``_run_merged_draft`` swaps ``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]``
-before each step.
+the proposer sets ``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each
+step, and the shape of that entry is checked at capture (``_draft_step``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,18 @@ def layer_forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
             shared.CURRENT_LAYER.reset(token)
 
 
-def _draft_step(role: str) -> int:
+def _draft_step(role: str, metadata_key: str) -> int:
+    """The draft step whose metadata the task being captured reads, checked against what the
+    proposer passes (``draft_attn_metadatas``, one dict per step).
+
+    Both shapes the proposers of this line pass are understood: the generic proposer's (each
+    step's dict maps every draft layer to one metadata object) and Step3.5 MTP's (one dict per
+    KV-cache group, the group whose layer runs at that step, mapping its layers to the group's
+    object). In both, the layer reads the dict the proposer made current for the step
+    (``forward_context.attn_metadata``), which lists the layer's key, with one metadata object.
+    Anything else (a step's dict holding several objects, the key absent) is a shape no proposer
+    of this line produces: the graph is refused, and so left to stock, with the reason.
+    """
     if role == TARGET:
         return 0
     forward_context = get_forward_context()
@@ -55,7 +66,18 @@ def _draft_step(role: str) -> int:
     steps = [i for i, metadata in enumerate(per_step) if metadata is current]
     if len(steps) != 1:
         raise CaptureRefused(f"draft step not recoverable ({len(steps)} matches)")
-    return steps[0]
+    step = steps[0]
+    if not isinstance(current, dict) or metadata_key not in current:
+        raise CaptureRefused(
+            f"draft metadata shape not understood: step {step} does not list {metadata_key!r}"
+        )
+    objects = len({id(metadata) for metadata in current.values()})
+    if objects != 1:
+        raise CaptureRefused(
+            f"draft metadata shape not understood: step {step} holds {objects} metadata objects "
+            "(each proposer of this line passes one per step)"
+        )
+    return step
 
 
 def _bucket_key(layout: TaskLayout, args: tuple, kwargs: dict) -> int:
@@ -93,7 +115,7 @@ def _register(
             role=role,
             layer_name=layer_name,
             metadata_key=metadata_key,
-            step=_draft_step(role),
+            step=_draft_step(role, metadata_key),
             handle=params.handles[num_tokens][-1],
             event=params.events[num_tokens][-1],
             graph_workspace=scope.workspace_getter(params, num_tokens),

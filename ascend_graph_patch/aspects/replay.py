@@ -87,7 +87,10 @@ def _unowned(role: str, descriptor: Any) -> None:
 
 
 def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
-    update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
+    if not kwargs and len(args) == len(active.line.update_params):  # the runner's call
+        update_stream, forward_context, draft_attn_metadatas = args[0], args[1], args[-1]
+    else:
+        update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
     role, descriptor, owned = _graph(forward_context)
     if owned is None:
         _unowned(role, descriptor)

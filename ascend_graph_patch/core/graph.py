@@ -24,9 +24,11 @@ so a failed step can never leave the graph hanging.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Any, Protocol
 
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
@@ -39,7 +41,6 @@ __all__ = [
     "DraftSource",
     "MetadataFault",
     "OwnedGraph",
-    "Resolution",
     "ResolutionError",
     "ResolvedTask",
     "RuntimeFault",
@@ -77,7 +78,6 @@ class Provider(Protocol):
 
     kind: str
     group: int  # providers configured alike share a group: their values are computed once
-    writes: tuple[str, ...]  # the relaunch keywords its values set
 
     def values(self, metadata: Any, cache: dict) -> dict[str, Any]: ...
 
@@ -115,9 +115,11 @@ class UpdateTask:
     """One captured attention task group, owned by the graph that captured it.
 
     ``template`` holds the relaunch's keyword arguments as captured (the weak-referenced tensors
-    and scalars, as the stock registry holds them); the provider supplies what changes per step,
-    and ``static`` is the template without those keys. A relaunch is ``op(**static, **values)``
-    with the step's values, so nothing is copied into a per-task dict at resolve time.
+    and scalars, as the stock registry holds them); the provider supplies what changes per step.
+    ``launch`` is the dict each resolution writes the fresh values into (the template itself:
+    only the changing keys are ever overwritten, so nothing is copied at capture or rebuilt per
+    step), and the last step's host lists stay referenced until the next update has replaced
+    them (the device consumes them asynchronously on hardware).
     """
 
     kind: str
@@ -129,11 +131,10 @@ class UpdateTask:
     op: Callable[..., Any]
     template: dict[str, Any]
     provider: Provider
-    static: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        writes = set(self.provider.writes)
-        self.static = {k: v for k, v in self.template.items() if k not in writes}
+        self.launch = self.template
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -149,29 +150,6 @@ class UpdateTask:
 ResolvedTask = tuple[UpdateTask, dict[str, Any]]
 
 
-class Resolution(Sequence[ResolvedTask]):
-    """One step's resolved update: per task, its static arguments and this step's values.
-
-    ``values[i]`` is shared by the tasks that read one metadata object (a KV group's layers).
-    Iterating gives ``(task, keyword arguments)`` pairs, merged on demand (verify, tests).
-    """
-
-    __slots__ = ("graph", "values")
-
-    def __init__(self, graph: OwnedGraph, values: list[dict[str, Any]]) -> None:
-        self.graph = graph
-        self.values = values
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        task = self.graph.tasks[index]
-        return task, {**task.static, **self.values[index]}
-
-
 @dataclass(eq=False, slots=True)
 class _Bucket:
     """Tasks sharing a provider configuration (and, for drafts, a step): those whose metadata
@@ -180,15 +158,16 @@ class _Bucket:
     group: int
     step: int
     indices: list[int]
-    fetch: Callable[[Any], tuple]  # the bucket's metadata objects, in one C call
-    span: tuple[int, int] | None  # (start, stop) when the indices are contiguous
+    launches: list[dict[str, Any]]
+    keys: tuple[str, ...]  # the tasks' metadata keys
+    fetch: Callable[[Any], Any]  # their metadata objects in one C call (one object if one key)
+    provider: Provider  # the first task's (the group's configuration)
+    label: str  # the first task's
 
 
-def _fetcher(keys: tuple[str, ...]) -> Callable[[Any], tuple]:
-    if len(keys) == 1:
-        single = itemgetter(keys[0])
-        return lambda table: (single(table),)
-    return itemgetter(*keys)
+def _update_all(launches: list[dict[str, Any]], values: dict[str, Any]) -> None:
+    """``launch.update(values)`` for every launch, the loop run in C."""
+    deque(map(dict.update, launches, repeat(values)), maxlen=0)
 
 
 @dataclass(eq=False)
@@ -201,12 +180,11 @@ class OwnedGraph:
     #: update first). When an update fails, a launched replay still waits on the events.
     replay_first: bool = True
     tasks: list[UpdateTask] = field(default_factory=list)
-    # Precomputed per graph: the buckets resolve walks, the launches apply walks, and the list
-    # of this step's values per task (persistent: the last step's host lists stay referenced until
-    # the next update has replaced them; the device consumes them asynchronously on hardware).
+    # Precomputed per graph: the buckets resolve walks and the launches apply walks, so a replay
+    # step allocates nothing but the providers' fresh values.
     _buckets: list[_Bucket] | None = field(default=None, repr=False)
+    _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
     _launches: list[tuple] = field(default_factory=list, repr=False)
-    _values: list[dict[str, Any]] = field(default_factory=list, repr=False)
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
@@ -227,75 +205,72 @@ class OwnedGraph:
         by: dict[tuple[int, int], list[int]] = {}
         for i, t in enumerate(self.tasks):
             by.setdefault((t.provider.group, t.step), []).append(i)
-        buckets = []
+        self._buckets = []
         for (group, step), indices in by.items():
+            first = self.tasks[indices[0]]
             keys = tuple(self.tasks[i].metadata_key for i in indices)
-            contiguous = indices == list(range(indices[0], indices[-1] + 1))
-            span = (indices[0], indices[-1] + 1) if contiguous else None
-            buckets.append(_Bucket(group, step, indices, _fetcher(keys), span))
-        self._buckets = buckets
-        self._launches = [(t.op, t.handle, t.event, t.static) for t in self.tasks]
-        self._values = [{} for _ in self.tasks]
-        return buckets
+            bucket = _Bucket(
+                group,
+                step,
+                indices,
+                [self.tasks[i].launch for i in indices],
+                keys,
+                itemgetter(*keys),
+                first.provider,
+                first.label,
+            )
+            self._buckets.append(bucket)
+        self._resolved = [(t, t.launch) for t in self.tasks]
+        self._launches = [(t.op, t.handle, t.event, t.launch) for t in self.tasks]
+        return self._buckets
 
-    def resolve(self, source: TargetSource | DraftSource) -> Resolution:
-        """Compute every task's fresh launch arguments, before any update-scope runtime call."""
+    def resolve(self, source: TargetSource | DraftSource) -> list[ResolvedTask]:
+        """Write every task's fresh launch arguments, before any update-scope runtime call."""
         if isinstance(source, DraftSource):
             return self.resolve_draft(source.per_step)
         return self.resolve_target(source.attn_metadata)
 
-    def resolve_target(self, attn_metadata: Any) -> Resolution:
+    def resolve_target(self, attn_metadata: Any) -> list[ResolvedTask]:
         """From ``forward_context.attn_metadata`` (layer name -> metadata).
 
         A bucket's metadata objects are fetched in one call; when they are one object (the
-        layers of a KV-cache group), its values are computed once for all of them. Nothing the
-        runtime or the stock path can see changes; the module docstring says what failures mean.
+        layers of a KV-cache group), its values are computed once and written into every task's
+        launch dict in one C loop. Nothing the runtime or the stock path can see changes; the
+        module docstring says what each failure means.
         """
         buckets = self._buckets if self._buckets is not None else self._prepare()
-        return self._resolve(buckets, lambda bucket: attn_metadata, TargetSource(attn_metadata))
-
-    def resolve_draft(self, per_step: Any) -> Resolution:
-        """From the proposer's per-step metadata (``draft_attn_metadatas``)."""
-        buckets = self._buckets if self._buckets is not None else self._prepare()
-        return self._resolve(buckets, lambda bucket: per_step[bucket.step], DraftSource(per_step))
-
-    def _resolve(
-        self, buckets: list[_Bucket], table: Callable[[_Bucket], Any], source: Any
-    ) -> Resolution:
-        values = self._values
         cache: dict = {}
         for bucket in buckets:
             try:
-                metadatas = bucket.fetch(table(bucket))
+                fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
-                raise self._missing(source, bucket, exc) from exc
-            first = metadatas[0]
-            if len(metadatas) == 1 or len(set(map(id, metadatas))) == 1:
-                shared = self._compute(bucket.indices[0], bucket.group, first, cache)
-                if bucket.span is not None:
-                    start, stop = bucket.span
-                    values[start:stop] = [shared] * (stop - start)
-                else:
-                    for i in bucket.indices:
-                        values[i] = shared
-            else:
-                for i, metadata in zip(bucket.indices, metadatas, strict=True):
-                    values[i] = self._compute(i, bucket.group, metadata, cache)
-        return Resolution(self, values)
+                raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
+            self._write(bucket, fetched, cache)
+        return self._resolved
 
-    def _compute(self, index: int, group: int, metadata: Any, cache: dict) -> dict[str, Any]:
-        """Task ``index``'s fresh values: computed once per (provider group, metadata object)."""
-        shared = cache.get((group, id(metadata)))
-        if shared is None:
-            task = self.tasks[index]
+    def resolve_draft(self, per_step: Any) -> list[ResolvedTask]:
+        """From the proposer's per-step metadata (``draft_attn_metadatas``)."""
+        buckets = self._buckets if self._buckets is not None else self._prepare()
+        cache: dict = {}
+        for bucket in buckets:
             try:
-                shared = cache[(group, id(metadata))] = task.provider.values(metadata, cache)
-            except StepFault as fault:
-                fault.args = (f"{task.label}: {fault.args[0]}",)
-                raise
-            except Exception as exc:  # a bug of ours: stock, reading the same metadata, is fine
-                raise ResolutionError(f"{task.label}: provider failed: {exc!r}") from exc
-        return shared
+                fetched = bucket.fetch(per_step[bucket.step])
+            except (KeyError, TypeError, IndexError) as exc:
+                raise self._missing(DraftSource(per_step), bucket, exc) from exc
+            self._write(bucket, fetched, cache)
+        return self._resolved
+
+    def _write(self, bucket: _Bucket, fetched: Any, cache: dict) -> None:
+        if len(bucket.keys) == 1:  # ``fetched`` is the one task's metadata object
+            bucket.launches[0].update(_values(bucket.provider, bucket.label, fetched, cache))
+            return
+        first = fetched[0]
+        if all(map(is_, fetched, repeat(first))):  # one KV-cache group: one metadata object
+            _update_all(bucket.launches, _values(bucket.provider, bucket.label, first, cache))
+            return
+        for i, launch, metadata in zip(bucket.indices, bucket.launches, fetched, strict=True):
+            task = self.tasks[i]
+            launch.update(_values(task.provider, task.label, metadata, cache))
 
     def _missing(self, source: Any, bucket: _Bucket, exc: BaseException) -> MetadataFault:
         """The first task of ``bucket`` whose metadata cannot be fetched, named."""
@@ -312,7 +287,7 @@ class OwnedGraph:
                 break
         return MetadataFault(f"{task.label}: {source.missing(task.metadata_key, task.step)}", exc)
 
-    def apply(self, resolved: Sequence[ResolvedTask], update_stream: Any, runtime: Any) -> None:
+    def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
         """Update each task once and record its event, on ``update_stream``.
 
         If a call fails part way, the update scope is closed, the events a launched replay still
@@ -321,19 +296,19 @@ class OwnedGraph:
         """
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
-        if isinstance(resolved, Resolution) and resolved.graph is self:
-            launches: Any = zip(self._launches, resolved.values, strict=True)
-        else:  # pairs built elsewhere (tests, tools): their keyword arguments as given
-            launches = (((t.op, t.handle, t.event, kw), {}) for t, kw in resolved)
-        tasks = self.tasks if isinstance(resolved, Resolution) else [t for t, _ in resolved]
+        launches = (
+            self._launches
+            if resolved is self._resolved
+            else [(t.op, t.handle, t.event, kwargs) for t, kwargs in resolved]
+        )
         done = 0
         record_failed = False
         try:
             with runtime.stream(update_stream):
-                for (op, handle, event, static), values in launches:
+                for op, handle, event, kwargs in launches:
                     begin(update_stream, handle)
                     try:
-                        op(**static, **values)
+                        op(**kwargs)
                     except BaseException:
                         _quietly(end, update_stream)  # close the scope; keep the op's error
                         raise
@@ -348,11 +323,11 @@ class OwnedGraph:
             # A record that failed is not retried (it may have half happened), and the replay
             # will wait at that event whatever else is recorded: recording the events after it
             # would only leave them set with nothing to consume them (stock does not either).
-            pending = [] if record_failed else tasks[done:]
+            pending = [] if record_failed else [task for task, _ in resolved[done:]]
             released = self.release(update_stream, pending)
-            failed = tasks[done].label if done < len(tasks) else "the update"
+            failed = resolved[done][0].label if done < len(resolved) else "the update"
             exc.add_note(
-                f"ascend-graph-patch: the update of {failed} ({done + 1} of {len(tasks)}) "
+                f"ascend-graph-patch: the update of {failed} ({done + 1} of {len(resolved)}) "
                 f"failed; {released} pending event(s) recorded so the replay cannot hang"
             )
             raise
@@ -370,6 +345,21 @@ class OwnedGraph:
             if _quietly(task.event.record, update_stream):
                 released += 1
         return released
+
+
+def _values(provider: Provider, label: str, metadata: Any, cache: dict) -> dict[str, Any]:
+    """Fresh values for ``metadata``: computed once per (provider group, metadata object)."""
+    key = (provider.group, id(metadata))
+    shared = cache.get(key)
+    if shared is None:
+        try:
+            shared = cache[key] = provider.values(metadata, cache)
+        except StepFault as fault:
+            fault.args = (f"{label}: {fault.args[0]}",)
+            raise
+        except Exception as exc:  # a bug of ours: stock, reading the same metadata, is fine
+            raise ResolutionError(f"{label}: provider failed: {exc!r}") from exc
+    return shared
 
 
 def _quietly(call: Callable[..., Any], *args: Any) -> bool:

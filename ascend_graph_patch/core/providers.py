@@ -57,13 +57,10 @@ class GraphWorkspaceProvider:
     sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
     read: Callable[[Any], tuple] = field(init=False)
     group: int = field(init=False)
-    writes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
         self.read = reader(attributes)
-        sparse = ("sparse_mode",) if self.causal is not None else ()
-        self.writes = (*self.keys, "workspace", *sparse)
         self.group = group_of(
             (
                 self.kind,
@@ -84,9 +81,6 @@ class GraphWorkspaceProvider:
         if self.causal is not None:
             values["sparse_mode"] = self.sparse_mode if read[-1] else 0
         return values
-
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch.update(self.values(metadata, cache))
 
 
 #: Static shape signatures, interned to small ints.
@@ -127,10 +121,8 @@ class LengthsWorkspaceProvider:
     lengths: Callable[[Any], Any] = field(init=False)
     static: dict[str, Any] = field(init=False)  # the getter's other arguments, set once
     group: int = field(init=False)
-    writes: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.writes = (self.lengths_key, "workspace")
         self.lengths = attrgetter(self.attribute)
         skip = (self.lengths_key, "workspace")
         self.static = {k: v for k, v in self.template.items() if k not in skip}
@@ -146,9 +138,6 @@ class LengthsWorkspaceProvider:
         except Exception as exc:
             raise RuntimeFault(f"workspace getter failed: {exc!r}", exc) from exc
         return {self.lengths_key: lengths, "workspace": workspace}
-
-    def bind(self, metadata: Any, launch: dict[str, Any], cache: dict) -> None:
-        launch.update(self.values(metadata, cache))
 
 
 Provider = GraphWorkspaceProvider | LengthsWorkspaceProvider

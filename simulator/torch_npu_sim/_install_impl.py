@@ -395,14 +395,16 @@ def _empty_with_format(
 
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
-    """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``)."""
-    from . import model_ops
+    """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``,
+    ``moe_ops``)."""
+    from . import model_ops, moe_ops
 
+    layers = {**model_ops.REFERENCE_OPS, **moe_ops.REFERENCE_OPS}
     try:
         from . import ops
     except ImportError:
-        return dict(model_ops.REFERENCE_OPS), set()
-    table = {**getattr(ops, "REFERENCE_OPS", {}), **model_ops.REFERENCE_OPS}
+        return layers, set()
+    table = {**getattr(ops, "REFERENCE_OPS", {}), **layers}
     return table, set(getattr(ops, "HOST_FUNCTIONS", set()))
 
 

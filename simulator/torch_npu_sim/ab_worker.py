@@ -1,14 +1,18 @@
-"""Simulator arm worker: runs the selected harness workloads through the real vllm-ascend code.
+"""Simulator arm worker: the real vLLM engine cases and the harness workloads, on the simulator.
 
-One process per arm runs every selected workload in turn (start-up dominates on small machines):
-any name of the harness catalogue (``torch_npu_sim.harness.scenarios``: v1 target scenarios, v1
-MTP / Eagle merged drafts, v2 target and draft-prefill managers). Each is one
-``torch_npu_sim.workload.run_arm``: capture, then per step the batch eagerly (the reference) and
-through the graph (replay + the runner's update), compared. Greedy tokens are the argmax of the
-toy model's logits. The overlay is whatever the arm's ``ASCEND_GRAPH_PATCH`` installed at
-start-up; this module never touches it.
+One process per arm runs every selected workload in turn (start-up dominates on small machines).
+A name of the engine cases (``torch_npu_sim.engine.cases``: a real ``vllm.LLM`` over a tiny model)
+runs through ``ab_engine`` first, each case in a forked child of this process; the ``eager`` arm
+runs only those (its eager engines are their reference). Any other name is one of the harness
+catalogue (``torch_npu_sim.harness.scenarios``: v1 target scenarios, v1 MTP / Eagle merged
+drafts, v2 target and draft-prefill managers), which carries its eager reference in-process.
+Each harness workload is one ``torch_npu_sim.workload.run_arm``: capture, then per step the batch
+eagerly (the reference) and through the graph (replay + the runner's update), compared. Greedy
+tokens are the argmax of the toy model's logits. The overlay is whatever the arm's
+``ASCEND_GRAPH_PATCH`` installed at start-up; this module never touches it.
 
-Run as ``python -m torch_npu_sim.ab_worker --spec S --result R [--progress P]``, or ``--list``.
+Run as ``python -m torch_npu_sim.ab_worker --spec S --result R [--progress P]``, or ``--list``
+(every name: how stock behaves on it, its kind, whether ``ab`` runs it by default or ``--quick``).
 """
 
 from __future__ import annotations
@@ -129,13 +133,24 @@ def run_case(
 
 
 def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, Any]:
-    timer = timing.UpdateTimer()
-    timer.install(UPDATE_TARGETS, DEVICE_TARGET)
-    cases = [run_case(name, spec, timer, progress, out_dir) for name in spec["cases"]]
+    from torch_npu_sim import ab_engine
+
+    names = list(spec["cases"])
+    engine = [n for n in names if ab_engine.is_engine_case(n)]
+    harness = [n for n in names if n not in engine]
+    # Engine cases fork from this process: before the harness has built anything in it.
+    done = {c["name"]: c for c in ab_engine.run_cases(engine, spec, progress)}
+    if spec.get("arm") == "eager":  # harness workloads carry their eager reference in-process
+        progress.advance(len(harness) * int(spec["steps"]))
+    else:
+        timer = timing.UpdateTimer()
+        timer.install(UPDATE_TARGETS, DEVICE_TARGET)
+        for name in harness:
+            done[name] = run_case(name, spec, timer, progress, out_dir)
+    cases = [done[n] for n in names if n in done]
     return {
         "workload": "sim",
         "cases": cases,
-        "timed_targets": sorted(set(timer.installed)),
         "status": _status(),
     }
 
@@ -164,9 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["--list"]:  # the catalogue, for `ab --list` (plain data: no vLLM)
         import json
 
+        from torch_npu_sim import ab_engine
         from torch_npu_sim.harness.scenarios import stock_table
 
-        print(json.dumps(stock_table()))
+        table = ab_engine.catalogue()
+        for name, stock in stock_table().items():
+            table[name] = {"stock": stock, "kind": "harness", "default": False, "quick": False}
+        print(json.dumps(table))
         return 0
     return worker_main(run, argv)
 

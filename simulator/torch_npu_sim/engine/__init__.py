@@ -17,8 +17,10 @@ def apply() -> None:
     Also arms the tests' negative control and the one-rank fault when their variables are set
     (see ``control`` and ``rank_fault``).
     """
-    from . import control, rank_fault, shims
+    from . import ascend_c_ops, control, rank_fault, repairs, shims
 
     control.install()
     rank_fault.install()
     shims.apply()
+    ascend_c_ops.install()
+    repairs.install()

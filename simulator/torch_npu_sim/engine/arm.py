@@ -135,6 +135,10 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
 
     case = Case.from_json(data)
     graph = bool(spec["graph"])
+    if case.repairs:  # this case's process only (forked): every later engine process inherits it
+        from .repairs import ENV_VAR
+
+        os.environ[ENV_VAR] = ",".join(case.repairs)
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
     pids_before = _status_pids(status_dir)
     seen: dict[str, Any] = {}
@@ -185,6 +189,7 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
         "rank": _rank(),
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
+        "draft_groups": _draft_groups(worker),
     }
 
 
@@ -193,6 +198,15 @@ def _rank() -> int | None:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def _draft_groups(worker: Any) -> list[dict[str, Any]] | None:
+    """The proposer's draft attention groups: KV-cache group id and layers, in its order."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    groups = getattr(drafter, "draft_attn_groups", None)
+    if not groups:
+        return None
+    return [{"gid": g.kv_cache_group_id, "layers": list(g.layer_names)} for g in groups]
 
 
 def _overlay_here() -> dict[str, Any] | None:
@@ -204,8 +218,16 @@ def _overlay_here() -> dict[str, Any] | None:
     if settings.mode() == settings.OFF:
         return None
     snap = status.snapshot()
+    from ascend_graph_patch.core.registry import REGISTRY
+
     return {
         "processes": 1,
+        # (layer, metadata key, draft step) of each task, per owned draft graph
+        "draft_tasks": [
+            [[t.layer_name, t.metadata_key, t.step] for t in g.tasks]
+            for g in REGISTRY.graphs()
+            if g.role == "draft"
+        ],
         "mode": snap.get("mode"),
         "graphs_owned": snap.get("graphs_owned", 0),
         "tasks_per_kind": snap.get("tasks_per_kind") or {},

@@ -63,11 +63,14 @@ class Case:
     environment: dict[str, str] = field(default_factory=dict)
     steps: int = 1
     seed: int = 0
+    #: Release bugs the simulator repairs for this case (``repairs.py``), none by default.
+    repairs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["capture_sizes"] = list(self.capture_sizes)
         data["pa_shape_list"] = list(self.pa_shape_list)
+        data["repairs"] = list(self.repairs)
         return data
 
     @classmethod
@@ -75,6 +78,7 @@ class Case:
         data = dict(data)
         data["capture_sizes"] = tuple(data.get("capture_sizes", ()))
         data["pa_shape_list"] = tuple(data.get("pa_shape_list", ()))
+        data["repairs"] = tuple(data.get("repairs", ()))
         return cls(**data)
 
     @property
@@ -136,6 +140,11 @@ GEMMA4_MTP_ERROR = (
 )
 
 
+#: vllm-ascend 0.23.0.post1's Step3.5 MTP proposer calls ``_pad_query_start_loc_for_fia`` with the
+#: runner's old signature: the first FULL-graph draft step fails, in every graph arm.
+STEP3P5_PAD_CRASH = "crash: TypeError: unsupported operand type(s) for *: 'CUDAGraphMode' and 'int'"
+
+
 def _qwen3(name: str, **kw: Any) -> Case:
     return Case(name=name, model="qwen3", **kw)
 
@@ -152,6 +161,29 @@ CASES: tuple[Case, ...] = (
         capture_sizes=(3, 6, 12),
     ),
     _qwen3("qwen3+pa/compile/decode-only", pa_shape_list=(1, 4)),
+    Case(
+        # Step3.5 with its two MTP layers: vllm-ascend's AscendStep3p5MTPProposer, each MTP layer
+        # in a KV-cache group of its own (the one multi-group draft on this release). As
+        # released, the proposer's first FULL-graph draft step fails (a stale call: repairs.py).
+        "step3p5+mtp/compile/decode-only",
+        model="step3p5",
+        draft="step3p5",
+        draft_method="mtp",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+        stock=STEP3P5_PAD_CRASH,
+        overlay_same_as_stock=True,
+    ),
+    Case(
+        # The same engine with that one call repaired: the draft graphs replay.
+        "step3p5+mtp/compile/decode-only/repaired",
+        model="step3p5",
+        draft="step3p5",
+        draft_method="mtp",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+        repairs=("step3p5-pad-call",),
+    ),
     Case(
         "llama-sliding+pa/compile/decode-only",
         model="llama_sliding",
@@ -187,6 +219,7 @@ CONTROL_CASES: tuple[str, ...] = (
     "qwen3/compile/decode-only",
     "qwen3+eagle3/compile/decode-only",
     "gemma4/compile/decode-only",
+    "step3p5+mtp/compile/decode-only/repaired",
 )
 
 

@@ -395,3 +395,13 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+def _register_step3p5() -> None:
+    """Step3.5 with its MTP layers (its own module: a MoE target and a multi-group draft)."""
+    from .step3p5_model import STEP3P5
+
+    MODELS[STEP3P5.name] = STEP3P5
+
+
+_register_step3p5()

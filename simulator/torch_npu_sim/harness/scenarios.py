@@ -202,26 +202,6 @@ def _draft_scenarios() -> dict[str, DraftScenario]:
     out["eagle_2layers_k2"] = DraftScenario(
         "eagle_2layers_k2", two, num_speculative_tokens=2, method="eagle"
     )
-    # Gemma4-MTP-like: draft layers 0 and 2 in the full-attention group, layer 1 in a sliding
-    # group with its own block table. Each step's dict lists group A (0, 2) then group B (1):
-    # the captured (model) order is 0, 1, 2, so a positional zip pairs layer 1 with layer 2's
-    # metadata and block table.
-    out["mtp_two_kv_groups"] = DraftScenario(
-        "mtp_two_kv_groups",
-        (
-            LayerSpec(draft_layer(0)),
-            LayerSpec(draft_layer(1), sliding_window=64),
-            LayerSpec(draft_layer(2)),
-        ),
-        num_speculative_tokens=3,
-        stock="wrong: positional pairing binds layer 61 to layer 62's block table",
-    )
-    # two KV groups whose dict order happens to be the model order: stock pairs them right
-    out["mtp_two_kv_groups_ordered"] = DraftScenario(
-        "mtp_two_kv_groups_ordered",
-        (LayerSpec(draft_layer(0)), LayerSpec(draft_layer(1), sliding_window=64)),
-        num_speculative_tokens=2,
-    )
     out["mtp_non_causal"] = DraftScenario(
         "mtp_non_causal",
         two,
