@@ -84,7 +84,11 @@ class StatusWriter:
 
         try:
             snap = status.snapshot()
-            snap["rank"] = rank()
+            # Keep the rank once known: the last write, at exit, comes after vLLM destroyed
+            # the process group, and the file must still say which rank counted this.
+            current = rank()
+            self.rank = current if current is not None else getattr(self, "rank", None)
+            snap["rank"] = self.rank
             if self.timer is not None:
                 snap["update_ns"] = self.timer.samples[-MAX_SAMPLES:]
                 snap["update_calls"] = len(self.timer.samples)

@@ -19,7 +19,15 @@ Execution model (see DESIGN.md section 6):
   recorded; ``record`` releases it. Any synchronisation point drains and raises ``SimulatorError``
   if work is still blocked (hardware would hang). The simulator never blocks the host.
 
-Single-threaded by design: the runner's capture/replay/update path is driven from one thread.
+Threads: the runner's capture/replay/update path is driven from one thread, but others may
+synchronise while it runs (vLLM's async-scheduling output-copy thread waits on events, which drains
+the same queued graph tasks). One re-entrant lock serialises every entry into the queues (launch,
+replay, drain, record, update, simulated op), as the device orders its own work; the current stream
+is per thread, as on a device (a thread starts on the default stream).
+
+Collectives: a captured ``c10d`` collective is a task whose replay issues it again and waits on its
+``Work`` (a device graph's collective completes before the next task in its stream); a replay that
+dropped the ``Work`` would read a partial sum while the peer ranks still reduce.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,9 +68,18 @@ class _State:
         self.update_done = False
         self.executing = 0  # >0 while the runtime itself runs tasks (no recording)
         self.default_stream = Stream._make_default()
-        self.current_stream = self.default_stream
+        self._per_thread = threading.local()  # each thread's current stream
         self.busy: list[Stream] = []  # streams with queued work, in launch order
         self.counters = dict.fromkeys(_COUNTER_NAMES, 0)
+
+    @property
+    def current_stream(self) -> Stream:
+        """This thread's current stream (the default stream until the thread sets one)."""
+        return getattr(self._per_thread, "stream", None) or self.default_stream
+
+    @current_stream.setter
+    def current_stream(self, stream: Stream) -> None:
+        self._per_thread.stream = stream
 
 
 _COUNTER_NAMES = (
@@ -78,8 +96,26 @@ _handle_ids = itertools.count(1)
 _graph_ids = itertools.count(1)
 _pool_ids = itertools.count(1)
 _S: _State  # set at the bottom of the module
+#: Serialises every entry into the simulated device's queues across threads (re-entrant: tasks
+#: launch ops, draining records events).
+_LOCK = threading.RLock()
 
 
+def _locked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` holding the runtime's lock (dynamo, tracing a model, sees ``fn`` alone: it
+    cannot enter a lock, and what it traces runs later, through the runtime's entry points)."""
+
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        with _LOCK:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_locked
 def reset() -> None:
     """Forget every graph, queue, scope and counter (test isolation)."""
     global _S
@@ -148,6 +184,7 @@ class _Task:
 
     def run(self) -> None:
         result = self.fn(*self.args, **self.kwargs)
+        _wait_collectives(result)
         if self.outputs is not None:
             new, _ = tree_flatten(result)
             new = [t for t in new if isinstance(t, torch.Tensor)]
@@ -227,6 +264,24 @@ def _noop(*_a: Any, **_k: Any) -> None:
     return None
 
 
+_WORK = "__torch__.torch.classes.c10d.Work"
+
+
+def _is_work(leaf: Any) -> bool:
+    if isinstance(leaf, torch.ScriptObject):  # through the dispatcher: a boxed Work
+        return leaf._type().qualified_name() == _WORK
+    return type(leaf).__name__ == "Work" and hasattr(leaf, "wait")
+
+
+def _wait_collectives(result: Any) -> None:
+    """Wait on every collective ``Work`` a replayed op returned (``c10d.allreduce_`` & co.)."""
+    if not isinstance(result, (tuple, list)):
+        return
+    for leaf in tree_flatten(result)[0]:
+        if _is_work(leaf):
+            leaf.wait()
+
+
 # --------------------------------------------------------------------------------------------
 # Streams and events
 
@@ -250,6 +305,7 @@ class Stream:
         return stream
 
     # Launch ``task`` after everything queued on this stream (runs now if nothing is queued).
+    @_locked
     def _launch(self, task: _Task) -> None:
         if not self._queue and task.ready():
             self._launched += 1
@@ -265,6 +321,7 @@ class Stream:
     def _blocked(self) -> bool:
         return bool(self._queue)
 
+    @_locked
     def wait_stream(self, stream: Stream) -> None:
         """Order later work here after all work launched on ``stream`` so far."""
         if _S.capturing is not None or stream is self or not stream._queue:
@@ -279,6 +336,7 @@ class Stream:
         event.record(self)
         return event
 
+    @_locked
     def synchronize(self) -> None:
         """Sync point: drain; blocked work here would hang the host on hardware."""
         if _S.null_cost:
@@ -287,6 +345,7 @@ class Stream:
         if self._queue:
             _report_blocked([self], "Stream.synchronize()")
 
+    @_locked
     def query(self) -> bool:
         return not self._queue
 
@@ -307,19 +366,23 @@ class Event:
         self._stream: Stream | None = None
         self._target = 0
 
+    @_locked
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or _S.current_stream
         self._stream, self._target = stream, stream._launched
 
+    @_locked
     def wait(self, stream: Stream | None = None) -> None:
         stream = stream or _S.current_stream
         if _S.capturing is not None or self._stream is None or self.query():
             return
         stream._launch(_StreamWaitTask(self._stream, self._target))
 
+    @_locked
     def query(self) -> bool:
         return self._stream is None or self._stream._completed >= self._target
 
+    @_locked
     def synchronize(self) -> None:
         _drain()
         if not self.query():
@@ -336,6 +399,7 @@ class ExternalEvent:
         self._recorded = False
         self._pending = 0  # queued wait gates not yet passed
 
+    @_locked
     def wait(self, stream: Stream | None = None) -> None:
         gate = _GateTask(self)
         if _S.capturing is not None:
@@ -344,6 +408,7 @@ class ExternalEvent:
         self._pending += 1
         (stream or _S.current_stream)._launch(gate)
 
+    @_locked
     def reset(self, stream: Stream | None = None) -> None:
         task = _ResetTask(self)
         if _S.capturing is not None:
@@ -351,6 +416,7 @@ class ExternalEvent:
             return
         (stream or _S.current_stream)._launch(task)
 
+    @_locked
     def record(self, stream: Stream | None = None) -> None:
         """Release the pending (or next) wait; a second record before its reset is an error."""
         _S.counters["records"] += 1
@@ -403,6 +469,7 @@ def _check_owners(name: str, weak: tuple[torch.Tensor, ...], what: str) -> None:
         )
 
 
+@_locked
 def _drain() -> None:
     """Run every stream's queue as far as its gates allow."""
     progress = True
@@ -477,6 +544,7 @@ def _report_blocked(streams: list[Stream], where: str) -> None:
     )
 
 
+@_locked
 def synchronize(device: Any = None) -> None:
     """Device-wide sync point: drain everything, raise if anything stays blocked."""
     if _S.null_cost:
@@ -638,6 +706,7 @@ class NPUGraph:
             _S.group.append(task)
         self._tasks.append(task)
 
+    @_locked
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if _S.capturing is not None:
             raise SimulatorError("nested graph capture: a graph is already capturing")
@@ -651,6 +720,7 @@ class NPUGraph:
         _S.capture_mode = _CaptureMode(self)
         _S.capture_mode.__enter__()
 
+    @_locked
     def capture_end(self) -> None:
         if _S.capturing is not self:
             raise SimulatorError("NPUGraph.capture_end without a matching capture_begin")
@@ -665,6 +735,7 @@ class NPUGraph:
         self._captured = True
         _S.counters["captures"] += 1
 
+    @_locked
     def replay(self) -> None:
         """Queue the tasks on the current stream; run them up to the first unrecorded gate."""
         if _S.capturing is not None:
@@ -691,6 +762,7 @@ class NPUGraph:
             _S.busy.append(s)
         _drain()
 
+    @_locked
     def reset(self) -> None:
         self._tasks.clear()
         self._reserved.clear()
@@ -795,6 +867,7 @@ class _NPUTaskGroupHandle:
 _HANDLES: dict[int, tuple[NPUGraph | None, list[_Task]]] = {}
 
 
+@_locked
 def graph_task_group_begin(stream: Stream) -> None:
     if _S.null_cost:
         _S.group = []
@@ -806,6 +879,7 @@ def graph_task_group_begin(stream: Stream) -> None:
     _S.group = []
 
 
+@_locked
 def graph_task_group_end(stream: Stream) -> _NPUTaskGroupHandle:
     if _S.group is None:
         raise SimulatorError("graph_task_group_end without graph_task_group_begin")
@@ -818,6 +892,7 @@ def graph_task_group_end(stream: Stream) -> _NPUTaskGroupHandle:
     return handle
 
 
+@_locked
 def graph_task_update_begin(stream: Stream, handle: _NPUTaskGroupHandle) -> None:
     if _S.null_cost:
         _S.update_handle = handle
@@ -834,6 +909,7 @@ def graph_task_update_begin(stream: Stream, handle: _NPUTaskGroupHandle) -> None
     _S.update_done = False
 
 
+@_locked
 def graph_task_update_end(stream: Stream) -> None:
     if _S.null_cost:
         _S.update_handle = None
@@ -934,6 +1010,7 @@ class SimOp:
         self.tensor_args = TENSOR_ARGS.get(name, ())
         self.__wrapped__ = fn
 
+    @_locked
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.tensor_args:
             _check_tensor_args(self.name, self.tensor_args, args, kwargs)

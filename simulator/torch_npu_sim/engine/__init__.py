@@ -14,11 +14,13 @@ __all__ = ["apply"]
 def apply() -> None:
     """Register every engine shim's post-import hook (idempotent).
 
-    Also arms the tests' negative control when its variable is set (see ``control``).
+    Also arms the tests' negative control and the one-rank fault when their variables are set
+    (see ``control`` and ``rank_fault``).
     """
-    from . import ascend_c_ops, control, repairs, shims
+    from . import ascend_c_ops, control, rank_fault, repairs, shims
 
     control.install()
+    rank_fault.install()
     shims.apply()
     ascend_c_ops.install()
     repairs.install()

@@ -6,6 +6,10 @@ hooks raises "PyTorch is not linked with support for npu devices" (vLLM and vllm
 130 such calls). On hardware torch_npu registers those hooks. Here synchronisation and streams go
 to the simulated runtime and the memory figures to the simulated ``torch.npu``. ``is_available()``
 stays False: when it is True, dynamo asks the accelerator for a real stream object.
+
+``torch.distributed`` asks ``torch._C._get_accelerator()`` which device its collectives use
+(``barrier`` does, and vLLM's TP start-up calls it); without device hooks that raises too. It is
+answered CPU, the simulated device's memory, so gloo (vLLM's fallback from HCCL) gets CPU tensors.
 """
 
 from __future__ import annotations
@@ -46,6 +50,21 @@ ANSWERS: dict[str, Any] = {
 }
 
 
+def _get_accelerator_or_cpu(original: Any) -> Any:
+    def get_accelerator() -> Any:
+        try:
+            return original()
+        except RuntimeError as exc:  # "Please register PrivateUse1HooksInterface ... first."
+            if "PrivateUse1HooksInterface" not in str(exc):
+                raise
+            import torch
+
+            return torch.device("cpu")
+
+    get_accelerator._torch_npu_sim_original = original  # type: ignore[attr-defined]
+    return get_accelerator
+
+
 def install() -> None:
     """Replace the ``torch.accelerator`` functions the simulated device cannot serve (once)."""
     import torch
@@ -56,4 +75,5 @@ def install() -> None:
     for name, answer in ANSWERS.items():
         if hasattr(accelerator, name):
             setattr(accelerator, name, answer)
+    torch._C._get_accelerator = _get_accelerator_or_cpu(torch._C._get_accelerator)
     accelerator._torch_npu_sim = True  # type: ignore[attr-defined]

@@ -33,6 +33,8 @@ ENV_KEYS = (
     "ASCEND_GRAPH_PATCH_STATUS_DIR",
     "TORCH_NPU_SIM",
     "TORCH_NPU_SIM_TEST_SKIP_RELAUNCH",
+    "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES",
+    "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT",
     "VLLM_PLUGINS",
 )
 
@@ -172,22 +174,30 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         "arm_pid": os.getpid(),
         "runners": seen.get("runners"),
     }
-    if case.multiprocess:
+    if case.multiprocess or case.engine.get("tensor_parallel_size", 1) > 1:
         record["status_files"] = _overlay_from_files(status_dir, pids_before)
     return record
 
 
 def runner_figures(worker: Any = None) -> dict[str, Any]:
     """Run in the model runner's process (by ``collective_rpc``): the overlay's figures there,
-    the simulator's runtime counters there, and that process's pid."""
+    the simulator's runtime counters there, and that process's pid and distributed rank."""
     from .. import runtime
 
     return {
         "pid": os.getpid(),
+        "rank": _rank(),
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
         "draft_groups": _draft_groups(worker),
     }
+
+
+def _rank() -> int | None:
+    """This process's rank in torch.distributed (None before or without it)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
 def _draft_groups(worker: Any) -> list[dict[str, Any]] | None:

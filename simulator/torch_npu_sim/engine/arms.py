@@ -91,8 +91,12 @@ def run_arms(
     parallel: int = 2,
     timeout: float = 900.0,
     case_timeout: float = 300.0,
+    cases_by_arm: dict[str, list[Case]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run each arm in a fresh interpreter, ``parallel`` at a time; results by arm name.
+
+    ``cases_by_arm`` names an arm's own cases (e.g. the eager TP=1 reference of TP cases);
+    otherwise ``cases_for`` chooses them from ``cases``.
 
     An arm that dies without a result gets ``{"error": ..., "cases": {}}`` with its log's tail.
     """
@@ -109,7 +113,10 @@ def run_arms(
                 "graph": arm.graph,
                 "model_root": str(model_root),
                 "timeout": case_timeout,
-                "cases": [c.to_json() for c in cases_for(arm.name, cases)],
+                "cases": [
+                    c.to_json()
+                    for c in (cases_by_arm or {}).get(arm.name) or cases_for(arm.name, cases)
+                ],
             }
             (arm_dir / "spec.json").write_text(json.dumps(spec, indent=1))
             log = (arm_dir / "log").open("wb")

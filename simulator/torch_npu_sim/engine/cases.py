@@ -58,6 +58,9 @@ class Case:
     overlay_same_as_stock: bool = False
     #: The release cannot start this engine at all: every arm, eager included, fails so.
     startup_error: str | None = None
+    #: Environment the engine is built with (its worker processes inherit it): e.g. vLLM's
+    #: worker start method, or a test-only switch of the simulator.
+    environment: dict[str, str] = field(default_factory=dict)
     steps: int = 1
     seed: int = 0
     #: Release bugs the simulator repairs for this case (``repairs.py``), none by default.
@@ -106,8 +109,8 @@ def engine_kwargs(case: Case, model_dir: str, draft_dir: str | None, *, graph: b
         "max_model_len": 256,
         "max_num_seqs": 4,
         "enable_prefix_caching": False,
-        # One thread drives the simulated device: vLLM's async output copy thread would drain
-        # the simulator's queues concurrently (its runtime is single-threaded by design).
+        # Off unless a case turns it on (the TP fork case does: the simulator's runtime is
+        # thread-safe for vLLM's async output-copy thread, which synchronises while it replays).
         "async_scheduling": False,
         "kv_cache_memory_bytes": 64 << 20,
         "disable_log_stats": False,

@@ -142,6 +142,7 @@ class VllmWorkload:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.case.multiprocess else "0"
             # The arm asks the engine core for its figures with a function (collective_rpc).
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            os.environ.update(self.case.environment)
             model_dir = str(models.materialize(self.case.model, self.model_root))
             draft_dir = (
                 str(models.materialize(self.case.draft, self.model_root))
