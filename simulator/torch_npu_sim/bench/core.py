@@ -375,6 +375,9 @@ def capture_overhead(layers: int, sizes: tuple[int, ...], repeats: int) -> dict[
     capture work; the capture runs in this thread). One untimed warm-up per arm first (the first
     capture in a process pays one-off costs), then ``repeats`` pairs back to back, in alternating
     order; the ratio is the median of the pairs' ratios, so drift between repeats cancels.
+    Each capture runs with the heap frozen, as vLLM's ``GPUModelRunner._freeze_gc`` freezes it
+    around ``capture_model`` (which vllm-ascend's runner calls): without it, whichever arm happens
+    to cross a collection threshold pays a full-heap collection into its capture time.
     """
     from ascend_graph_patch import activation
     from torch_npu_sim import runtime
@@ -388,12 +391,15 @@ def capture_overhead(layers: int, sizes: tuple[int, ...], repeats: int) -> dict[
             else:
                 activation.enable("on")
             engine = scenarios.build(KINDS["FIA"](layers, sizes))
+            gc.collect()
+            gc.freeze()  # as the runner captures (below)
             try:
                 with runtime.null_cost():
                     t0 = time.thread_time_ns()
                     engine.capture()
                     elapsed = (time.thread_time_ns() - t0) / 1e6
             finally:
+                gc.unfreeze()
                 engine.close()
             if r >= 0:
                 times[arm].append(elapsed)
