@@ -124,7 +124,10 @@ def test_a_seam_missing_on_the_new_line_is_a_clean_refusal(
     activation.enable("on")
     assert state.STATE.gate["v1"]["verdict"] == "refused"
     assert "Gone.full_graph" in state.STATE.gate["v1"]["reason"]
-    assert activation.installed() == []
+    # nothing of the refused group is installed (the v2 group may be, if an earlier test in this
+    # process loaded the v2 runner's modules: it has its own seams and its own gate verdict)
+    v1 = {a.name for a in ASPECTS if a.group == "v1"}
+    assert not v1 & set(activation.installed())
     assert "not installed (v1)" in capfd.readouterr().err
 
 
