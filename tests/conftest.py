@@ -63,3 +63,13 @@ def seed(request: pytest.FixtureRequest) -> int:
 def rng(seed: int) -> random.Random:
     """A random stream from ``seed``."""
     return random.Random(seed)
+
+
+@pytest.fixture
+def rt() -> Iterator[Any]:
+    """The simulator's runtime, reset before and after the test (graphs, queues, counters)."""
+    from torch_npu_sim import runtime
+
+    runtime.reset()
+    yield runtime
+    runtime.reset()

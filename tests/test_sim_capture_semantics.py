@@ -24,13 +24,6 @@ from torch_npu_sim import ops, runtime
 npu = runtime
 
 
-@pytest.fixture
-def rt() -> Iterator[Any]:
-    runtime.reset()
-    yield runtime
-    runtime.reset()
-
-
 @pytest.fixture(scope="module")
 def library() -> Iterator[torch.library.Library]:
     """Two custom ops, registered for CPU as vLLM's shimmed ``direct_register_custom_op`` does."""

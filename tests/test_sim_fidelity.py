@@ -8,7 +8,6 @@ must not trip (the same code with the rule respected).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +16,6 @@ import torch
 import torch_npu_sim
 from torch_npu_sim import ops, runtime
 from torch_npu_sim.runtime import SimulatorError
-
-
-@pytest.fixture
-def rt() -> Iterator[Any]:
-    runtime.reset()
-    yield runtime
-    runtime.reset()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,13 +11,6 @@ from torch_npu_sim import runtime
 from torch_npu_sim.runtime import SimulatorError
 
 npu = runtime  # the torch.npu surface lives in runtime (install.py re-exports it)
-
-
-@pytest.fixture
-def rt() -> Iterator[Any]:
-    runtime.reset()
-    yield runtime
-    runtime.reset()
 
 
 def _scale_out(a: torch.Tensor, *, scale: float, out: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,6 @@ import torch
 from torch_npu_sim import runtime
 
 npu = runtime
-
-
-@pytest.fixture
-def rt() -> Iterator[Any]:
-    runtime.reset()
-    yield runtime
-    runtime.reset()
 
 
 def test_distributed_accelerator_query_answers_cpu() -> None:
