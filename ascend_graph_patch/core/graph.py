@@ -155,7 +155,6 @@ class _Bucket:
     """Tasks sharing a provider configuration (and, for drafts, a step): those whose metadata
     object is the same share one computation of their values."""
 
-    group: int
     step: int
     indices: list[int]
     launches: list[dict[str, Any]]
@@ -206,11 +205,10 @@ class OwnedGraph:
         for i, t in enumerate(self.tasks):
             by.setdefault((t.provider.group, t.step), []).append(i)
         self._buckets = []
-        for (group, step), indices in by.items():
+        for (_group, step), indices in by.items():
             first = self.tasks[indices[0]]
             keys = tuple(self.tasks[i].metadata_key for i in indices)
             bucket = _Bucket(
-                group,
                 step,
                 indices,
                 [self.tasks[i].launch for i in indices],

@@ -197,13 +197,13 @@ def _source(step: Any) -> Any:
     return TargetSource(step.forward_context.attn_metadata)
 
 
-def _floor_fn(step: Any) -> tuple[Callable[[], None], int, int]:
+def _floor_fn(step: Any) -> tuple[Callable[[], None], int, list[tuple[Callable[..., Any], dict]]]:
     """The runtime calls one update cannot avoid, with their arguments prebuilt once.
 
     Per task: begin, op, end, record. For PA, also the workspace getter, once per distinct
     (metadata object, static signature): a PA workspace must be sized for the step's fresh
     lengths, so no update can skip that call (stock makes it once per layer). Returns the floor,
-    its task count and its getter calls.
+    its task count and its getter calls (getter, arguments).
     """
     import torch
 
@@ -240,8 +240,7 @@ def _floor_fn(step: Any) -> tuple[Callable[[], None], int, int]:
                 end(stream)
                 event.record(stream)
 
-    floor.getters = workspaces  # type: ignore[attr-defined]
-    return floor, len(plan), len(workspaces)
+    return floor, len(plan), workspaces
 
 
 def _time(fn: Callable[[], Any], n: int) -> float:
@@ -270,7 +269,8 @@ def measure_point(
     while work.num_tokens_padded != batch:
         work = engine.next_batch(rng)
     with engine.open_step(work) as step:
-        floor, point.tasks, point.floor_getter_calls = _floor_fn(step)
+        floor, point.tasks, getters = _floor_fn(step)
+        point.floor_getter_calls = len(getters)
         point.steps = len(step.draft_metadatas) if step.draft_metadatas is not None else 1
         args = step.update_args
         calls = {
@@ -278,7 +278,6 @@ def measure_point(
             "overlay": lambda: overlay_cls.update_graph_params(*args),
             "floor": floor,
         }
-        getters = floor.getters  # type: ignore[attr-defined]
         if getters:
             getter, getter_args = getters[0]
             calls["getter"] = lambda: getter(**getter_args)
