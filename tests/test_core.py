@@ -161,8 +161,9 @@ def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     class Broken:
         kind = "fia"
         group = -1
+        value_keys = ()
 
-        def values(self, md, cache):
+        def values(self, md):
             raise RuntimeError("boom")
 
     graph = OwnedGraph(role="target", descriptor=4)
@@ -290,9 +291,9 @@ def test_kv_sharing_layers_share_a_metadata_key_but_are_distinct_tasks(runtime):
     assert len(graph.tasks) == 2
 
 
-def bound(provider, md, launch=None, cache=None):
+def bound(provider, md, launch=None):
     launch = {} if launch is None else launch
-    launch.update(provider.values(md, {} if cache is None else cache))
+    launch.update(provider.values(md))
     return launch
 
 

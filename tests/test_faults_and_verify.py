@@ -22,11 +22,11 @@ def test_resolution_fault_falls_back_to_stock_for_that_step(stock_dense, mocker,
     original = GraphWorkspaceProvider.values
     calls = {"n": 0}
 
-    def flaky(self, metadata, cache):
+    def flaky(self, metadata):
         calls["n"] += 1
         if calls["n"] % 7 == 0:
             raise RuntimeError("provider bug")
-        return original(self, metadata, cache)
+        return original(self, metadata)
 
     mocker.patch.object(GraphWorkspaceProvider, "values", flaky)
     arm = overlay_arm("dense_gqa", "on", steps=STEPS)
@@ -84,8 +84,8 @@ def test_task_groups_the_overlay_did_not_register_leave_the_graph_to_stock(monke
 def test_verify_catches_a_wrong_provider(stock_dense, mocker) -> None:
     original = GraphWorkspaceProvider.values
 
-    def lying(self, metadata, cache):
-        values = original(self, metadata, cache)
+    def lying(self, metadata):
+        values = original(self, metadata)
         values["actual_seq_lengths_kv"] = [n + 1 for n in values["actual_seq_lengths_kv"]]
         return values
 
@@ -98,8 +98,8 @@ def test_verify_catches_a_wrong_provider(stock_dense, mocker) -> None:
 def test_strict_verify_raises_a_readable_diff(mocker, monkeypatch) -> None:
     original = LengthsWorkspaceProvider.values
 
-    def lying(self, metadata, cache):
-        values = original(self, metadata, cache)
+    def lying(self, metadata):
+        values = original(self, metadata)
         values["context_lens"] = values["context_lens"] * 0
         return values
 

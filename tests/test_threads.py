@@ -54,10 +54,10 @@ def graph(runtime: RecordingRuntime) -> tuple[OwnedGraph, list]:
                 event=SimpleNamespace(record=lambda s: None),
                 op=lambda **kw: None,
                 template={},
-                provider=SimpleNamespace(kind="fia", group=0, values=lambda md, c: {}),
+                provider=SimpleNamespace(kind="fia", group=0, value_keys=(), values=lambda md: {}),
             )
         )
-    return owned, [(t, t.launch) for t in owned.tasks]
+    return owned, [{} for _ in owned.tasks]  # per task, the values its relaunch adds
 
 
 def interleaved(calls: list[tuple[str, str]]) -> bool:
@@ -81,9 +81,9 @@ def clean_state() -> Any:
 
 
 def run_two_threads(monkeypatch: pytest.MonkeyPatch, runtime: RecordingRuntime) -> None:
-    owned, resolved = graph(runtime)
+    owned, values = graph(runtime)
     monkeypatch.setattr(shared, "ACTIVE", shared.Active(line=LINE, mode=ON))
-    monkeypatch.setattr(replay, "_plan", lambda active, args, kwargs: (owned, resolved, "upd"))
+    monkeypatch.setattr(replay, "_plan", lambda active, args, kwargs: (owned, values, "upd"))
     monkeypatch.setattr(replay.torch, "npu", runtime)
     threads = [
         threading.Thread(target=replay.update_graph_params, args=(None, None, (), {}), name=n)

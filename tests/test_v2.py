@@ -329,8 +329,12 @@ def _shift_first_task() -> None:
         def group(self) -> int:
             return -1  # its own group: the other tasks must not share its shifted values
 
-        def values(self, metadata: Any, cache: dict) -> dict:
-            values = self.original.values(metadata, cache)
+        @property
+        def value_keys(self) -> tuple[str, ...]:
+            return self.original.value_keys
+
+        def values(self, metadata: Any) -> dict:
+            values = self.original.values(metadata)
             kv = list(values["actual_seq_lengths_kv"])
             values["actual_seq_lengths_kv"] = kv[1:] + kv[:1]
             return values

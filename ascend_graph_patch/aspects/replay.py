@@ -33,8 +33,8 @@ from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import (
     MetadataFault,
     OwnedGraph,
+    Resolution,
     ResolutionError,
-    ResolvedTask,
     StepFault,
 )
 from ascend_graph_patch.core.kinds import TARGET
@@ -66,17 +66,8 @@ def _arguments(active: shared.Active, args: tuple, kwargs: dict) -> tuple[Any, A
     return values["update_stream"], values["forward_context"], values.get("draft_attn_metadatas")
 
 
-def _graph(forward_context: Any) -> tuple[str, Any, OwnedGraph | None]:
-    """(role, descriptor, owned graph or None) of the graph this update is for."""
-    replay = shared.CURRENT_REPLAY.get()
-    if replay is not None:  # v2: the manager named the replayed graph
-        role, descriptor, owner = replay
-    else:
-        role = current_role(forward_context)
-        descriptor = forward_context.batch_descriptor
-        owner = shared.take_replay(role, descriptor)
-    # with the owner known, only its graph will do: another live engine's is not this update's
-    return role, descriptor, REGISTRY.lookup(role, descriptor, owner)
+_current_replay = shared.CURRENT_REPLAY.get
+_lookup = REGISTRY.lookup
 
 
 def _unowned(role: str, descriptor: Any) -> None:
@@ -91,7 +82,16 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
         update_stream, forward_context, draft_attn_metadatas = args[0], args[1], args[-1]
     else:
         update_stream, forward_context, draft_attn_metadatas = _arguments(active, args, kwargs)
-    role, descriptor, owned = _graph(forward_context)
+    # Which graph: v2's manager names the one it replays; v1 takes the wrapper that just replayed.
+    replay = _current_replay()
+    if replay is not None:
+        role, descriptor, owner = replay
+    else:
+        role = current_role(forward_context)
+        descriptor = forward_context.batch_descriptor
+        owner = shared.take_replay(role, descriptor)
+    # with the owner known, only its graph will do: another live engine's is not this update's
+    owned = _lookup(role, descriptor, owner)
     if owned is None:
         _unowned(role, descriptor)
         return None
@@ -100,9 +100,9 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
         return _SKIP
     try:
         if role == TARGET:
-            resolved = owned.resolve_target(forward_context.attn_metadata)
+            values = owned.values_target(forward_context.attn_metadata)
         else:
-            resolved = owned.resolve_draft(draft_attn_metadatas)
+            values = owned.values_draft(draft_attn_metadatas)
     except StepFault as fault:
         if active.mode != ON:  # observe / verify: stock updates every step, let it meet the fault
             return None
@@ -118,7 +118,7 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
     if active.mode == OBSERVE:
         state.count("updates.observed")
         return None
-    return owned, resolved, update_stream
+    return owned, values, update_stream
 
 
 def _step_fault(owned: OwnedGraph, fault: StepFault, update_stream: Any) -> BaseException:
@@ -136,9 +136,9 @@ def _step_fault(owned: OwnedGraph, fault: StepFault, update_stream: Any) -> Base
     return error
 
 
-def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) -> None:
+def _apply(owned: OwnedGraph, values: list[dict[str, Any]], update_stream: Any) -> None:
     try:
-        owned.apply(resolved, update_stream, torch.npu)
+        owned.apply_values(values, update_stream, torch.npu)
     except Exception as exc:  # the runtime failed part way: stock would raise it too
         state.count("faults.apply")
         where = " ".join(n for n in getattr(exc, "__notes__", []) if "ascend-graph-patch" in n)
@@ -148,10 +148,7 @@ def _apply(owned: OwnedGraph, resolved: list[ResolvedTask], update_stream: Any) 
             f"would. {where.removeprefix('ascend-graph-patch: ')}",
         )
         raise
-    counters = state.STATE.counters
-    counters["updates.owned"] += 1
-    counters["tasks.updated"] += len(resolved)
-    state.counted()
+    state.count_update(len(owned.tasks))
     if ASPECT not in state.STATE.aspects_effective:
         state.mark_effective(ASPECT)
 
@@ -162,7 +159,7 @@ def _verify(
     args: tuple,
     kwargs: dict,
     owned: OwnedGraph,
-    resolved: list[ResolvedTask],
+    values: list[dict[str, Any]],
     update_stream: Any,
 ) -> None:
     dry, error = verify.dry_run(stock, args, kwargs, active.line.verify_interceptors)
@@ -175,8 +172,9 @@ def _verify(
             f"stock update failed in the dry run ({type(error).__name__}: {error}); "
             "applying the overlay's update instead",
         )
-        _apply(owned, resolved, update_stream)
+        _apply(owned, values, update_stream)
         return
+    resolved = Resolution(owned.tasks, values)
     try:
         problems = verify.compare(resolved, dry, active.line.layouts)
     except Exception as exc:  # a comparison bug of ours: stock still updates this step
@@ -208,9 +206,9 @@ def update_graph_params(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
             return wrapped(*args, **kwargs)
         if plan is _SKIP:
             return None
-        owned, resolved, update_stream = plan
+        owned, values, update_stream = plan
         if active.mode == VERIFY:
-            return _verify(active, wrapped, args, kwargs, owned, resolved, update_stream)
+            return _verify(active, wrapped, args, kwargs, owned, values, update_stream)
         assert active.mode == ON
-        _apply(owned, resolved, update_stream)
+        _apply(owned, values, update_stream)
         return None

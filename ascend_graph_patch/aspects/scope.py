@@ -11,6 +11,7 @@ import contextvars
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ascend_graph_patch.core.graph import OwnedGraph
@@ -66,8 +67,8 @@ class CaptureScope:
         key = (id(params), num_tokens)
         getter = self.workspace_getters.get(key)
         if getter is None:
-            workspaces = params.workspaces
-            getter = self.workspace_getters[key] = lambda: workspaces.get(num_tokens)
+            # ``workspaces.get(num_tokens)`` per step, as stock reads it, called in C
+            getter = self.workspace_getters[key] = partial(params.workspaces.get, num_tokens)
         return getter
 
 

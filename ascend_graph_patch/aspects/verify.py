@@ -14,7 +14,7 @@ relaunches would run for real and verify would report every such task as not upd
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +131,7 @@ def _short(value: Any) -> str:
 
 
 def compare(
-    resolved: list[ResolvedTask], dry: DryRun, layouts: Mapping[str, TaskLayout]
+    resolved: Sequence[ResolvedTask], dry: DryRun, layouts: Mapping[str, TaskLayout]
 ) -> list[str]:
     """Readable differences between the overlay's and stock's launches, one line each."""
     problems: list[str] = []

@@ -6,6 +6,10 @@ A task is keyed by (kind, metadata key, draft step), never by position. Replay i
 fresh arguments, closes the update and records the task's event (a graph left waiting on an event
 is a hang on hardware).
 
+A task's relaunch arguments are its ``static`` ones (captured, never rewritten) plus the values
+its provider computes per step, passed together at the call (``op(**static, **values)``): the
+layers of a KV-cache group share one values dict, so a step writes nothing per task.
+
 What a failure means decides what the step does (the caller acts on it; see ``aspects/replay``):
 
 - :class:`ResolutionError`: the overlay itself could not resolve a task (a bug of ours); nothing
@@ -24,7 +28,6 @@ so a failed step can never leave the graph hanging.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -42,6 +45,7 @@ __all__ = [
     "MetadataFault",
     "OwnedGraph",
     "ResolutionError",
+    "Resolution",
     "ResolvedTask",
     "RuntimeFault",
     "TargetSource",
@@ -78,8 +82,9 @@ class Provider(Protocol):
 
     kind: str
     group: int  # providers configured alike share a group: their values are computed once
+    value_keys: tuple[str, ...]  # the relaunch keywords ``values`` returns
 
-    def values(self, metadata: Any, cache: dict) -> dict[str, Any]: ...
+    def values(self, metadata: Any) -> dict[str, Any]: ...
 
 
 class TargetSource:
@@ -107,19 +112,13 @@ class DraftSource:
         return f"no metadata for {metadata_key!r} at draft step {step} ({given} step(s) given)"
 
 
-_NONE = object()
-
-
 @dataclass(eq=False, slots=True)
 class UpdateTask:
     """One captured attention task group, owned by the graph that captured it.
 
     ``template`` holds the relaunch's keyword arguments as captured (the weak-referenced tensors
     and scalars, as the stock registry holds them); the provider supplies what changes per step.
-    ``launch`` is the dict each resolution writes the fresh values into (the template itself:
-    only the changing keys are ever overwritten, so nothing is copied at capture or rebuilt per
-    step), and the last step's host lists stay referenced until the next update has replaced
-    them (the device consumes them asynchronously on hardware).
+    ``static`` is the template without those keys: what the relaunch passes unchanged.
     """
 
     kind: str
@@ -131,10 +130,11 @@ class UpdateTask:
     op: Callable[..., Any]
     template: dict[str, Any]
     provider: Provider
-    launch: dict[str, Any] = field(default_factory=dict)
+    static: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.launch = self.template
+        rebound = self.provider.value_keys
+        self.static = {k: v for k, v in self.template.items() if k not in rebound}
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -150,6 +150,32 @@ class UpdateTask:
 ResolvedTask = tuple[UpdateTask, dict[str, Any]]
 
 
+class Resolution(Sequence[ResolvedTask]):
+    """One step's resolved update of a graph: per task, the values its relaunch adds to its
+    static arguments (the layers of a KV-cache group share one dict).
+
+    Indexed or iterated, it gives ``(task, full relaunch kwargs)``, built on demand (verify,
+    tests, the benchmark's floor); ``OwnedGraph.apply`` passes the two parts straight to the call.
+    The graph keeps the last resolution, so the host lists it refers to stay alive until the
+    next step has replaced them (the device reads them asynchronously on hardware).
+    """
+
+    __slots__ = ("tasks", "values")
+
+    def __init__(self, tasks: list[UpdateTask], values: list[dict[str, Any]]) -> None:
+        self.tasks = tasks
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        task = self.tasks[index]
+        return task, {**task.static, **self.values[index]}
+
+
 @dataclass(eq=False, slots=True)
 class _Bucket:
     """Tasks sharing a provider configuration (and, for drafts, a step): those whose metadata
@@ -157,16 +183,12 @@ class _Bucket:
 
     step: int
     indices: list[int]
-    launches: list[dict[str, Any]]
+    span: slice | None  # the same indices as a slice, when they are contiguous
     keys: tuple[str, ...]  # the tasks' metadata keys
     fetch: Callable[[Any], Any]  # their metadata objects in one C call (one object if one key)
     provider: Provider  # the first task's (the group's configuration)
     label: str  # the first task's
-
-
-def _update_all(launches: list[dict[str, Any]], values: dict[str, Any]) -> None:
-    """``launch.update(values)`` for every launch, the loop run in C."""
-    deque(map(dict.update, launches, repeat(values)), maxlen=0)
+    single: bool  # one task: ``fetch`` returns its metadata object, not a tuple
 
 
 @dataclass(eq=False)
@@ -179,11 +201,13 @@ class OwnedGraph:
     #: update first). When an update fails, a launched replay still waits on the events.
     replay_first: bool = True
     tasks: list[UpdateTask] = field(default_factory=list)
-    # Precomputed per graph: the buckets resolve walks and the launches apply walks, so a replay
-    # step allocates nothing but the providers' fresh values.
+    # Precomputed per graph: the buckets resolve walks and the calls apply walks, so a replay
+    # step allocates the providers' fresh values and one list.
     _buckets: list[_Bucket] | None = field(default=None, repr=False)
-    _resolved: list[ResolvedTask] = field(default_factory=list, repr=False)
-    _launches: list[tuple] = field(default_factory=list, repr=False)
+    _calls: list[tuple] = field(default_factory=list, repr=False)
+    #: the values the last update relaunched with: their host lists stay referenced until the
+    #: next update has replaced them (the device reads them asynchronously on hardware)
+    _applied: list[dict[str, Any]] | None = field(default=None, repr=False)
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
@@ -192,6 +216,7 @@ class OwnedGraph:
             raise CaptureRefused(f"duplicate task key {key}")
         self._keys.add(key)
         self.tasks.append(task)
+        self._calls.append((task.op, task.handle, task.event, task.static))
         self._buckets = None
 
     def kinds(self) -> dict[str, int]:
@@ -208,67 +233,87 @@ class OwnedGraph:
         for (_group, step), indices in by.items():
             first = self.tasks[indices[0]]
             keys = tuple(self.tasks[i].metadata_key for i in indices)
+            start, stop = indices[0], indices[-1] + 1
             bucket = _Bucket(
                 step,
                 indices,
-                [self.tasks[i].launch for i in indices],
+                slice(start, stop) if indices == list(range(start, stop)) else None,
                 keys,
                 itemgetter(*keys),
                 first.provider,
                 first.label,
+                len(keys) == 1,
             )
             self._buckets.append(bucket)
-        self._resolved = [(t, t.launch) for t in self.tasks]
-        self._launches = [(t.op, t.handle, t.event, t.launch) for t in self.tasks]
         return self._buckets
 
-    def resolve(self, source: TargetSource | DraftSource) -> list[ResolvedTask]:
-        """Write every task's fresh launch arguments, before any update-scope runtime call."""
+    def resolve(self, source: TargetSource | DraftSource) -> Resolution:
+        """Every task's fresh launch arguments, before any update-scope runtime call."""
         if isinstance(source, DraftSource):
-            return self.resolve_draft(source.per_step)
-        return self.resolve_target(source.attn_metadata)
+            return Resolution(self.tasks, self.values_draft(source.per_step))
+        return Resolution(self.tasks, self.values_target(source.attn_metadata))
 
-    def resolve_target(self, attn_metadata: Any) -> list[ResolvedTask]:
+    def values_target(self, attn_metadata: Any) -> list[dict[str, Any]]:
         """From ``forward_context.attn_metadata`` (layer name -> metadata).
 
         A bucket's metadata objects are fetched in one call; when they are one object (the
-        layers of a KV-cache group), its values are computed once and written into every task's
-        launch dict in one C loop. Nothing the runtime or the stock path can see changes; the
-        module docstring says what each failure means.
+        layers of a KV-cache group), its values are computed once and shared by every task.
+        Nothing the runtime or the stock path can see changes; the module docstring says what
+        each failure means.
         """
-        buckets = self._buckets if self._buckets is not None else self._prepare()
-        cache: dict = {}
+        buckets = self._buckets or self._prepare()
+        if len(buckets) == 1:  # every task alike (a dense model): the common step, kept short
+            bucket = buckets[0]
+            try:
+                fetched = bucket.fetch(attn_metadata)
+            except (KeyError, TypeError, IndexError) as exc:
+                raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
+            if bucket.single:
+                return [_values(bucket.provider, bucket.label, fetched, None)]
+            if all(map(is_, fetched, repeat(fetched[0]))):
+                return [_values(bucket.provider, bucket.label, fetched[0], None)] * len(fetched)
+        cache = {} if len(buckets) > 1 else None  # one bucket: nothing to share across
+        values: list = [None] * len(self.tasks)
         for bucket in buckets:
             try:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
-            self._write(bucket, fetched, cache)
-        return self._resolved
+            self._write(bucket, fetched, cache, values)
+        return values
 
-    def resolve_draft(self, per_step: Any) -> list[ResolvedTask]:
+    def values_draft(self, per_step: Any) -> list[dict[str, Any]]:
         """From the proposer's per-step metadata (``draft_attn_metadatas``)."""
-        buckets = self._buckets if self._buckets is not None else self._prepare()
-        cache: dict = {}
+        buckets = self._buckets or self._prepare()
+        cache = {} if len(buckets) > 1 else None
+        values: list = [None] * len(self.tasks)
         for bucket in buckets:
             try:
                 fetched = bucket.fetch(per_step[bucket.step])
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(DraftSource(per_step), bucket, exc) from exc
-            self._write(bucket, fetched, cache)
-        return self._resolved
+            self._write(bucket, fetched, cache, values)
+        return values
 
-    def _write(self, bucket: _Bucket, fetched: Any, cache: dict) -> None:
-        if len(bucket.keys) == 1:  # ``fetched`` is the one task's metadata object
-            bucket.launches[0].update(_values(bucket.provider, bucket.label, fetched, cache))
+    def _write(self, bucket: _Bucket, fetched: Any, cache: dict | None, out: list) -> None:
+        """Each task's values of ``bucket`` into ``out`` (by task index)."""
+        if bucket.single:
+            out[bucket.indices[0]] = _values(bucket.provider, bucket.label, fetched, cache)
             return
         first = fetched[0]
         if all(map(is_, fetched, repeat(first))):  # one KV-cache group: one metadata object
-            _update_all(bucket.launches, _values(bucket.provider, bucket.label, first, cache))
+            shared = _values(bucket.provider, bucket.label, first, cache)
+            if bucket.span is not None:
+                out[bucket.span] = [shared] * len(fetched)
+            else:
+                for i in bucket.indices:
+                    out[i] = shared
             return
-        for i, launch, metadata in zip(bucket.indices, bucket.launches, fetched, strict=True):
+        if cache is None:  # tasks of one bucket may still share a metadata object
+            cache = {}
+        for i, metadata in zip(bucket.indices, fetched, strict=True):
             task = self.tasks[i]
-            launch.update(_values(task.provider, task.label, metadata, cache))
+            out[i] = _values(task.provider, task.label, metadata, cache)
 
     def _missing(self, source: Any, bucket: _Bucket, exc: BaseException) -> MetadataFault:
         """The first task of ``bucket`` whose metadata cannot be fetched, named."""
@@ -285,28 +330,52 @@ class OwnedGraph:
                 break
         return MetadataFault(f"{task.label}: {source.missing(task.metadata_key, task.step)}", exc)
 
-    def apply(self, resolved: list[ResolvedTask], update_stream: Any, runtime: Any) -> None:
+    def apply(
+        self, resolved: Resolution | list[ResolvedTask], update_stream: Any, runtime: Any
+    ) -> None:
         """Update each task once and record its event, on ``update_stream``.
 
         If a call fails part way, the update scope is closed, the events a launched replay still
         waits on are recorded (so it cannot hang), and the runtime's error propagates, with a
         note saying which task failed.
         """
+        if isinstance(resolved, Resolution) and resolved.tasks is self.tasks:
+            self.apply_values(resolved.values, update_stream, runtime)
+            return
+        # (task, full kwargs) pairs: each relaunch's kwargs whole, no static part
+        tasks = [task for task, _ in resolved]
+        calls = [(t.op, t.handle, t.event, {}) for t in tasks]
+        self.apply_values([kw for _, kw in resolved], update_stream, runtime, tasks, calls)
+
+    def apply_values(
+        self,
+        values: list[dict[str, Any]],
+        update_stream: Any,
+        runtime: Any,
+        tasks: list[UpdateTask] | None = None,
+        calls: list[tuple] | None = None,
+    ) -> None:
+        """``apply`` of what ``values_target`` / ``values_draft`` resolved: the replay hot path.
+
+        ``values[i]`` is what task ``i``'s relaunch adds to its static arguments (``tasks`` and
+        their ``calls``: this graph's, unless given).
+        """
+        if calls is None:
+            tasks, calls = self.tasks, self._calls
+            self._applied = values
+        assert tasks is not None
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
-        launches = (
-            self._launches
-            if resolved is self._resolved
-            else [(t.op, t.handle, t.event, kwargs) for t, kwargs in resolved]
-        )
-        done = 0
-        record_failed = False
+        total = len(tasks)
+        # Nothing is counted per task: after a failure, what the iterator has left says where.
+        remaining = zip(calls, values)  # noqa: B905 - one per task, both
+        finished = record_failed = False
         try:
             with runtime.stream(update_stream):
-                for op, handle, event, kwargs in launches:
+                for (op, handle, event, static), fresh in remaining:
                     begin(update_stream, handle)
                     try:
-                        op(**kwargs)
+                        op(**static, **fresh)
                     except BaseException:
                         _quietly(end, update_stream)  # close the scope; keep the op's error
                         raise
@@ -316,16 +385,18 @@ class OwnedGraph:
                     except BaseException:
                         record_failed = True
                         raise
-                    done += 1
+                finished = True
         except BaseException as exc:
+            started = total - sum(1 for _ in remaining)
+            done = started if finished else max(started - 1, 0)
             # A record that failed is not retried (it may have half happened), and the replay
             # will wait at that event whatever else is recorded: recording the events after it
             # would only leave them set with nothing to consume them (stock does not either).
-            pending = [] if record_failed else [task for task, _ in resolved[done:]]
+            pending = [] if record_failed else tasks[done:]
             released = self.release(update_stream, pending)
-            failed = resolved[done][0].label if done < len(resolved) else "the update"
+            failed = tasks[done].label if done < total else "the update"
             exc.add_note(
-                f"ascend-graph-patch: the update of {failed} ({done + 1} of {len(resolved)}) "
+                f"ascend-graph-patch: the update of {failed} ({done + 1} of {total}) "
                 f"failed; {released} pending event(s) recorded so the replay cannot hang"
             )
             raise
@@ -345,18 +416,23 @@ class OwnedGraph:
         return released
 
 
-def _values(provider: Provider, label: str, metadata: Any, cache: dict) -> dict[str, Any]:
-    """Fresh values for ``metadata``: computed once per (provider group, metadata object)."""
-    key = (provider.group, id(metadata))
-    shared = cache.get(key)
-    if shared is None:
-        try:
-            shared = cache[key] = provider.values(metadata, cache)
-        except StepFault as fault:
-            fault.args = (f"{label}: {fault.args[0]}",)
-            raise
-        except Exception as exc:  # a bug of ours: stock, reading the same metadata, is fine
-            raise ResolutionError(f"{label}: provider failed: {exc!r}") from exc
+def _values(provider: Provider, label: str, metadata: Any, cache: dict | None) -> dict[str, Any]:
+    """Fresh values for ``metadata``: computed once per (provider group, metadata object) in
+    ``cache`` (None: a graph of one bucket, where nothing else could share them)."""
+    if cache is not None:
+        key = (provider.group, id(metadata))
+        shared = cache.get(key)
+        if shared is not None:
+            return shared
+    try:
+        shared = provider.values(metadata)
+    except StepFault as fault:
+        fault.args = (f"{label}: {fault.args[0]}",)
+        raise
+    except Exception as exc:  # a bug of ours: stock, reading the same metadata, is fine
+        raise ResolutionError(f"{label}: provider failed: {exc!r}") from exc
+    if cache is not None:
+        cache[key] = shared
     return shared
 
 

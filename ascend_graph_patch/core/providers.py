@@ -57,10 +57,14 @@ class GraphWorkspaceProvider:
     sparse_mode: int = 3  # the captured sparse mode (a non-causal draft step uses 0)
     read: Callable[[Any], tuple] = field(init=False)
     group: int = field(init=False)
+    value_keys: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
         self.read = reader(attributes)
+        self.value_keys = (*self.keys, "workspace") + (
+            ("sparse_mode",) if self.causal is not None else ()
+        )
         self.group = group_of(
             (
                 self.kind,
@@ -71,12 +75,12 @@ class GraphWorkspaceProvider:
             )
         )
 
-    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
+    def values(self, metadata: Any) -> dict[str, Any]:
         try:
             read = self.read(metadata)
         except _UNREADABLE as exc:
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
-        values = dict(zip(self.keys, read, strict=False))  # a causal flag read last is left out
+        values = dict(zip(self.keys, read))  # noqa: B905 - a causal flag read last is left out
         values["workspace"] = self.workspace()
         if self.causal is not None:
             values["sparse_mode"] = self.sparse_mode if read[-1] else 0
@@ -121,6 +125,7 @@ class LengthsWorkspaceProvider:
     lengths: Callable[[Any], Any] = field(init=False)
     static: dict[str, Any] = field(init=False)  # the getter's other arguments, set once
     group: int = field(init=False)
+    value_keys: tuple[str, ...] = field(init=False)
     _getter_kwargs: dict[str, Any] = field(init=False)  # ``static`` + the lengths last passed
 
     def __post_init__(self) -> None:
@@ -128,9 +133,10 @@ class LengthsWorkspaceProvider:
         skip = (self.lengths_key, "workspace")
         self.static = {k: v for k, v in self.template.items() if k not in skip}
         self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
+        self.value_keys = (self.lengths_key, "workspace")
         self._getter_kwargs = dict(self.static)
 
-    def values(self, metadata: Any, cache: dict) -> dict[str, Any]:
+    def values(self, metadata: Any) -> dict[str, Any]:
         try:
             lengths = self.lengths(metadata)
         except _UNREADABLE as exc:
