@@ -143,8 +143,8 @@ def test_non_causal_steps_follow_stock(overlay: Callable[[str], None]) -> None:
     seen: list[int] = []
     original = GraphWorkspaceProvider.values
 
-    def spy(self: GraphWorkspaceProvider, metadata, cache):  # noqa: ANN001
-        values = original(self, metadata, cache)
+    def spy(self: GraphWorkspaceProvider, metadata):  # noqa: ANN001
+        values = original(self, metadata)
         seen.append(values["sparse_mode"])
         return values
 

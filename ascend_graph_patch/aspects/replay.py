@@ -67,7 +67,6 @@ def _arguments(active: shared.Active, args: tuple, kwargs: dict) -> tuple[Any, A
 
 
 _current_replay = shared.CURRENT_REPLAY.get
-_lookup = REGISTRY.lookup
 
 
 def _unowned(role: str, descriptor: Any) -> None:
@@ -91,7 +90,7 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
         descriptor = forward_context.batch_descriptor
         owner = shared.take_replay(role, descriptor)
     # with the owner known, only its graph will do: another live engine's is not this update's
-    owned = _lookup(role, descriptor, owner)
+    owned = REGISTRY.lookup(role, descriptor, owner)
     if owned is None:
         _unowned(role, descriptor)
         return None
