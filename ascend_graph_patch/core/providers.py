@@ -10,8 +10,8 @@ overlay relaunches exactly what stock relaunches. The two shapes differ only in 
 
 A provider computes its fresh values for one metadata object (``values``). The layers of a KV-cache
 group share one metadata object, and tasks with the same provider configuration (``group``)
-share the values too: the graph computes them once per (group, metadata object) and each task
-then only takes them into its launch dict (``OwnedGraph.resolve``). For PA that shares one
+share the values too: the graph computes them once per (group, metadata object) and each task's
+relaunch adds them to its static arguments (``OwnedGraph.values_target``). For PA that shares one
 workspace between tasks reading the same lengths with the same ``pa_signature``; why that key is
 enough: ``docs/design.md``, "PA workspace sharing". Reading a metadata object that lacks what stock
 reads is a :class:`MetadataFault`; a failing workspace getter a :class:`RuntimeFault`.
