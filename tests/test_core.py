@@ -195,6 +195,39 @@ def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
     assert str(caught.value.error) == "aclnn workspace failed"
 
 
+@pytest.mark.parametrize(
+    "kind, role", [(FIA, TARGET), (FIA, DRAFT), (FIA_V2, TARGET), (PA, TARGET)]
+)
+def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static_arguments(
+    kind, role
+):
+    """The relaunch passes ``op(**static, **values)``: a value key missing from ``value_keys``
+    would reach the op twice (a TypeError at the first relaunch), one listed but not returned
+    would drop a captured argument."""
+    template = {
+        "query": torch.zeros(4, 2, 8),
+        "key_cache": torch.zeros(3, 16, 1, 8),
+        "value_cache": torch.zeros(3, 16, 1, 8),
+        "block_table": torch.zeros(4, 2, dtype=torch.int32),
+        "num_kv_heads": 1,
+        "num_heads": 2,
+        "out": torch.zeros(4, 2, 8),
+        "sparse_mode": 3,
+        "context_lens": [1],
+        "workspace": None,
+    }
+    runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=lambda **kw: "pa-ws")
+    p = provider(kind, role, runtime=runtime_ns, template=template)
+    values = p.values(metadata([4], [1, 2, 3, 4]))
+    assert set(values) == set(p.value_keys)
+    task = UpdateTask(
+        kind=kind, metadata_key="l0", step=0, layer_name="l0", handle=0, event=None,
+        op=lambda **kw: kw, template=template, provider=p,
+    )  # fmt: skip
+    assert not set(task.static) & set(values)
+    assert set(task.op(**task.static, **values)) == set(template) | set(values)
+
+
 def three_tasks_failing_at_b(runtime, replay_first=True, fail="op"):
     def failing(**kw):
         raise RuntimeError("launch failed")

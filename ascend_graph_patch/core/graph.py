@@ -268,11 +268,13 @@ class OwnedGraph:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
-            if bucket.single:
-                return [_values(bucket.provider, bucket.label, fetched, None)]
-            if all(map(is_, fetched, repeat(fetched[0]))):
-                return [_values(bucket.provider, bucket.label, fetched[0], None)] * len(fetched)
-        cache = {} if len(buckets) > 1 else None  # one bucket: nothing to share across
+            shared = _shared_values(bucket, fetched, None)
+            if shared is not None:
+                return [shared] * len(self.tasks)
+            each: list = [None] * len(self.tasks)
+            self._write_each(bucket, fetched, {}, each)
+            return each
+        cache: dict = {}  # several buckets may read one metadata object
         values: list = [None] * len(self.tasks)
         for bucket in buckets:
             try:
@@ -297,20 +299,17 @@ class OwnedGraph:
 
     def _write(self, bucket: _Bucket, fetched: Any, cache: dict | None, out: list) -> None:
         """Each task's values of ``bucket`` into ``out`` (by task index)."""
-        if bucket.single:
-            out[bucket.indices[0]] = _values(bucket.provider, bucket.label, fetched, cache)
-            return
-        first = fetched[0]
-        if all(map(is_, fetched, repeat(first))):  # one KV-cache group: one metadata object
-            shared = _values(bucket.provider, bucket.label, first, cache)
-            if bucket.span is not None:
-                out[bucket.span] = [shared] * len(fetched)
-            else:
-                for i in bucket.indices:
-                    out[i] = shared
-            return
-        if cache is None:  # tasks of one bucket may still share a metadata object
-            cache = {}
+        shared = _shared_values(bucket, fetched, cache)
+        if shared is None:
+            self._write_each(bucket, fetched, {} if cache is None else cache, out)
+        elif bucket.span is not None:
+            out[bucket.span] = [shared] * len(bucket.indices)
+        else:
+            for i in bucket.indices:
+                out[i] = shared
+
+    def _write_each(self, bucket: _Bucket, fetched: Any, cache: dict, out: list) -> None:
+        """Tasks reading several metadata objects: values per object (``cache`` shares them)."""
         for i, metadata in zip(bucket.indices, fetched, strict=True):
             task = self.tasks[i]
             out[i] = _values(task.provider, task.label, metadata, cache)
@@ -414,6 +413,17 @@ class OwnedGraph:
             if _quietly(task.event.record, update_stream):
                 released += 1
         return released
+
+
+def _shared_values(bucket: _Bucket, fetched: Any, cache: dict | None) -> dict[str, Any] | None:
+    """The values every task of ``bucket`` relaunches with, when its tasks read one metadata
+    object (a KV-cache group, or a bucket of one task); None when they read several."""
+    if bucket.single:  # ``fetched`` is the one task's metadata object
+        return _values(bucket.provider, bucket.label, fetched, cache)
+    first = fetched[0]
+    if all(map(is_, fetched, repeat(first))):
+        return _values(bucket.provider, bucket.label, first, cache)
+    return None
 
 
 def _values(provider: Provider, label: str, metadata: Any, cache: dict | None) -> dict[str, Any]:
