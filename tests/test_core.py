@@ -173,11 +173,9 @@ def test_a_provider_bug_is_a_resolution_error_not_a_step_fault(runtime):
     assert not isinstance(caught.value, StepFault)  # stock, on intact metadata, takes the step
 
 
-def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
-    def getter(**kw):
-        raise RuntimeError("aclnn workspace failed")
-
-    template = {
+def pa_template() -> dict:
+    """A PA task's captured relaunch arguments, but the lengths and the workspace."""
+    return {
         "query": torch.zeros(4, 2, 8),
         "key_cache": torch.zeros(3, 16, 1, 8),
         "value_cache": torch.zeros(3, 16, 1, 8),
@@ -186,6 +184,13 @@ def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
         "num_heads": 2,
         "out": torch.zeros(4, 2, 8),
     }
+
+
+def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
+    def getter(**kw):
+        raise RuntimeError("aclnn workspace failed")
+
+    template = pa_template()
     runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=getter)
     pa = provider(PA, runtime=runtime_ns, template=template)
     graph = OwnedGraph(role="target", descriptor=4)
@@ -204,18 +209,7 @@ def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static
     """The relaunch passes ``op(**static, **values)``: a value key missing from ``value_keys``
     would reach the op twice (a TypeError at the first relaunch), one listed but not returned
     would drop a captured argument."""
-    template = {
-        "query": torch.zeros(4, 2, 8),
-        "key_cache": torch.zeros(3, 16, 1, 8),
-        "value_cache": torch.zeros(3, 16, 1, 8),
-        "block_table": torch.zeros(4, 2, dtype=torch.int32),
-        "num_kv_heads": 1,
-        "num_heads": 2,
-        "out": torch.zeros(4, 2, 8),
-        "sparse_mode": 3,
-        "context_lens": [1],
-        "workspace": None,
-    }
+    template = {**pa_template(), "sparse_mode": 3, "context_lens": [1], "workspace": None}
     runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=lambda **kw: "pa-ws")
     p = provider(kind, role, runtime=runtime_ns, template=template)
     values = p.values(metadata([4], [1, 2, 3, 4]))

@@ -156,8 +156,6 @@ class Resolution(Sequence[ResolvedTask]):
 
     Indexed or iterated, it gives ``(task, full relaunch kwargs)``, built on demand (verify,
     tests, the benchmark's floor); ``OwnedGraph.apply`` passes the two parts straight to the call.
-    The graph keeps the last resolution, so the host lists it refers to stay alive until the
-    next step has replaced them (the device reads them asynchronously on hardware).
     """
 
     __slots__ = ("tasks", "values")

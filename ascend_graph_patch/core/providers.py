@@ -130,10 +130,9 @@ class LengthsWorkspaceProvider:
 
     def __post_init__(self) -> None:
         self.lengths = attrgetter(self.attribute)
-        skip = (self.lengths_key, "workspace")
-        self.static = {k: v for k, v in self.template.items() if k not in skip}
-        self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
         self.value_keys = (self.lengths_key, "workspace")
+        self.static = {k: v for k, v in self.template.items() if k not in self.value_keys}
+        self.group = group_of((self.kind, self.lengths_key, self.attribute, self.signature))
         self._getter_kwargs = dict(self.static)
 
     def values(self, metadata: Any) -> dict[str, Any]:

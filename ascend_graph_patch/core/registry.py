@@ -84,16 +84,9 @@ class GraphRegistry:
         return entries
 
     def lookup(self, role: str, descriptor: Any, owner: Any = None) -> OwnedGraph | None:
-        """The owned graph for this key: ``owner``'s if given, else the newest live one.
-
-        Every replay step asks, so the key's entries are found inline (``_entries``' loop).
-        """
-        for known, entries in self._index.get(  # noqa: B007 - used after the break
-            (role, getattr(descriptor, "num_tokens", descriptor)), ()
-        ):
-            if known is descriptor or _same(known, descriptor):
-                break
-        else:
+        """The owned graph for this key: ``owner``'s if given, else the newest live one."""
+        entries = self._entries(role, descriptor)
+        if not entries:
             return None
         for owner_ref, graph_ref, owned_ref in reversed(entries):
             live_owner = owner_ref()
