@@ -20,7 +20,7 @@ import torch
 
 from torch_npu_sim.harness import process
 from torch_npu_sim.harness.spec import LayerSpec, Scenario
-from torch_npu_sim.harness.toy import D_MODEL, VOCAB, ToyLayer, build_layers
+from torch_npu_sim.harness.toy import D_MODEL, VOCAB, ToyLayer, build_layers, register
 
 # vllm-ascend's dummy capture run uses this kv length when PA is chosen for the size
 # (model_runner_v1.SEQ_LEN_WITH_MAX_PA_WORKSPACE); the block tables must be able to cover it.
@@ -172,6 +172,7 @@ class Stack:
             self.layers: list[ToyLayer] = build_layers(
                 scenario, self.gen, self.num_blocks, self.block_size
             )
+            register(self.layers, self.vllm_config)
             self.groups = self._groups()
         self.has_sinks = any(layer.spec.sinks for layer in self.layers)
         # Persistent runner buffers (model_runner_v1: input_ids, positions, query_start_loc,

@@ -20,12 +20,15 @@ VOCAB = 97
 
 
 class LayerShim:
-    """The ``layer`` argument the impl reads: its name and unit KV scales (no vLLM module)."""
+    """What vLLM's ``Attention`` module is to the impl and the runner (no vLLM module): the
+    ``layer`` argument the impl reads (its name, unit KV scales) and, registered by name in the
+    config's ``static_forward_context`` (``register``), the holder of its impl."""
 
     def __init__(self, name: str) -> None:
         self.layer_name = name
         self._k_scale_float = 1.0
         self._v_scale_float = 1.0
+        self.impl: Any = None
 
 
 class ToyLayer:
@@ -85,7 +88,7 @@ def build_layers(
         spec = layer.spec
         if spec.kind == "linear":
             continue
-        layer.impl = AscendAttentionBackendImpl(
+        layer.impl = layer.shim.impl = AscendAttentionBackendImpl(
             num_heads=spec.num_heads,
             head_size=spec.head_size,
             scale=spec.head_size**-0.5,
@@ -108,6 +111,19 @@ def build_layers(
         if target is not None:
             layer.kv_cache = by_name[target].kv_cache
     return layers
+
+
+def register(layers: list[ToyLayer], vllm_config: Any) -> None:
+    """Register each attention layer by name, as vLLM's ``Attention.__init__`` does: the forward
+    context lists them (``no_compile_layers``), which is how the runner finds a layer's impl."""
+    static = vllm_config.compilation_config.static_forward_context
+    for layer in layers:
+        if layer.impl is not None:
+            if layer.spec.name in static:
+                raise ValueError(
+                    f"duplicate layer name in static_forward_context: {layer.spec.name}"
+                )
+            static[layer.spec.name] = layer.shim
 
 
 def random_ids(rng: random.Random, n: int) -> torch.Tensor:
