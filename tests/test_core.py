@@ -36,7 +36,7 @@ def provider(
     template=None,
 ):
     """The provider the task factory builds for ``kind`` on the supported line."""
-    fields = {"sliding_window": sliding_window}
+    fields = SimpleNamespace(sliding_window=sliding_window)
     template = template if template is not None else {"sparse_mode": sparse_mode}
     return make_provider(LINE.layouts[kind], fields, template, role, runtime, workspace)
 

@@ -46,13 +46,15 @@ def test_provider_exception_falls_back(stock_dense, mocker) -> None:
     assert "updates.owned" not in arm.counters
 
 
-def test_capture_side_fault_leaves_the_graph_to_stock(stock_dense, mocker, capfd) -> None:
-    mocker.patch.object(attention, "_register", side_effect=RuntimeError("capture bug"))
+@pytest.mark.parametrize("where", ["_bucket_key", "build_task"])  # at each call; at the end
+def test_capture_side_fault_leaves_the_graph_to_stock(stock_dense, mocker, where) -> None:
+    mocker.patch.object(attention, where, side_effect=RuntimeError("capture bug"))
     arm = overlay_arm("dense_gqa", "on", steps=STEPS)
     assert arm.error is None
     assert_bitwise(arm, stock_dense)
     assert arm.counters["graphs.refused"] >= 1 and "graphs.owned" not in arm.counters
     assert arm.counters["updates.stock.unowned"] == STEPS
+    assert all("capture bug" in why for why in arm.snapshot["graphs_refused"].values())
 
 
 def test_error_inside_the_replay_aspect_never_reaches_the_engine(

@@ -18,6 +18,7 @@ import torch
 
 from ascend_graph_patch.core.graph import OwnedGraph, TargetSource, UpdateTask
 from ascend_graph_patch.core.providers import LengthsWorkspaceProvider, pa_signature
+from ascend_graph_patch.core.tasks import fields_of
 from ascend_graph_patch.lines import v0_23
 from tests import torch_npu_conformance as conf
 from torch_npu_sim import _install_impl, atb, ops, runtime
@@ -268,10 +269,10 @@ class _Tensorish:
     dtype = torch.float16
 
 
-def _fields(layout: Any, **overrides: Any) -> dict[str, Any]:
+def _fields(layout: Any, **overrides: Any) -> Any:
     fields = dict.fromkeys(layout.fields, _Tensorish())
     fields.update(overrides)
-    return fields
+    return fields_of(layout, tuple(fields[name] for name in layout.fields))
 
 
 _TEMPLATES = {
@@ -295,9 +296,8 @@ _TEMPLATES = {
 def test_relaunch_template_binds_to_the_real_schema(case: str) -> None:
     template, key, overrides = _TEMPLATES[case]
     layout = {v0_23.fia_template: "fia", v0_23.fia_v2_template: "fia_v2"}.get(template, "pa")
-    fields = _fields(v0_23.LAYOUTS[layout], **{"sliding_window": None, **overrides})
-    if layout == "fia":
-        fields["c8_k_aq_scale"] = overrides.get("c8_k_aq_scale")
+    c8 = {"c8_k_aq_scale": overrides.get("c8_k_aq_scale")} if layout == "fia" else {}
+    fields = _fields(v0_23.LAYOUTS[layout], **{"sliding_window": None, **overrides, **c8})
     kwargs = template(fields, SimpleNamespace(SWA_INT_MAX=2147483647))
     conf.schema_signature(key).bind(**kwargs)
     assert v0_23.LAYOUTS[layout].op.replace(".out", "") in key

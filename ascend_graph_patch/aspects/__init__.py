@@ -41,22 +41,6 @@ ASPECTS: tuple[Aspect, ...] = (
         "know which FULL graph (role, batch descriptor) is being captured; own it afterwards",
     ),
     Aspect(
-        "attention.layer",
-        "v1",
-        "attention.forward",
-        f"{_A}.attention:layer_forward",
-        "layer name and metadata key (KV sharing) of the op about to be captured",
-        "the backend passes the layer name to the task-group capture (upstream PR 15908 did)",
-    ),
-    Aspect(
-        "attention.layer_c8",
-        "v1",
-        "attention.forward_c8",
-        f"{_A}.attention:layer_forward",
-        "same for the INT8-KV impl, which overrides forward",
-        "the backend passes the layer name to the task-group capture (upstream PR 15908 did)",
-    ),
-    Aspect(
         "attention.fia",
         "v1",
         "attention.full_graph_fia",

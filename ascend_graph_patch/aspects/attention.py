@@ -1,12 +1,18 @@
-"""Attention aspects: name the layer being captured, and register each task group stock creates.
+"""Attention aspects: note each task group the stock capture creates; own them as the graph closes.
 
 The stock capture code runs unchanged. After a backend capture method (``full_graph_fia`` /
 ``_fia_v2`` / ``_pa``) returns, the one entry it appended to a ``GraphParams`` (event, handle,
-captured tuple) becomes an ``UpdateTask`` of the graph being captured (``core.tasks``), keyed by
-its layer's metadata key (``kv_sharing_target_layer_name or layer_name``, as stock's
-``_graph_metadata_layer_name``) and, in a draft graph, by the draft step, recovered by identity:
-the proposer sets ``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each
-step, and the shape of that entry is checked at capture (``_draft_step``).
+captured tuple) is noted with what only that moment knows: its layer's metadata key
+(``kv_sharing_target_layer_name or layer_name``, as stock's ``_graph_metadata_layer_name``) and,
+in a draft graph, the draft step, recovered by identity: the proposer sets
+``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each step, and the shape
+of that entry is checked (``_draft_step``). The layer comes from the capture method's own
+instance: vLLM registers every attention layer, by name, in the forward context's
+``no_compile_layers``, and each layer has its own impl.
+
+The notes become tasks (``core.tasks``) when the graph's capture closes
+(:func:`own_tasks`), in one pass: between two layers of a capture the overlay does only the
+bookkeeping, so its code does not run cold between the model's own.
 """
 
 from __future__ import annotations
@@ -26,25 +32,7 @@ from ascend_graph_patch.core.tasks import build_task
 from ascend_graph_patch.lines.base import TaskLayout
 
 
-def layer_forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    if shared.CURRENT_SCOPE.get() is None:
-        return wrapped(*args, **kwargs)
-    token = None
-    try:
-        layer = args[0] if args else kwargs.get("layer")
-        name = getattr(layer, "layer_name", None)
-        key = getattr(instance, "kv_sharing_target_layer_name", None) or name
-        token = shared.CURRENT_LAYER.set((name, key))
-    except Exception:
-        token = None  # the task registration will then fail cleanly: no layer known
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if token is not None:
-            shared.CURRENT_LAYER.reset(token)
-
-
-def _draft_step(role: str, metadata_key: str) -> int:
+def _draft_step(role: str, metadata_key: str, seen: tuple[Any, Any] | None = None) -> int:
     """The draft step whose metadata the task being captured reads, checked against what the
     proposer passes (``draft_attn_metadatas``, one dict per step).
 
@@ -55,14 +43,15 @@ def _draft_step(role: str, metadata_key: str) -> int:
     (``forward_context.attn_metadata``), which lists the layer's key, with one metadata object.
     Anything else (a step's dict holding several objects, the key absent) is a shape no proposer
     of this line produces: the graph is refused, and so left to stock, with the reason.
+
+    ``seen``: (per-step list, current metadata) as the task's capture call saw them (default:
+    the forward context's now).
     """
     if role == TARGET:
         return 0
-    forward_context = get_forward_context()
-    per_step = getattr(forward_context, "draft_attn_metadatas", None)
+    per_step, current = _draft_context() if seen is None else seen
     if not per_step:
         return 0  # single-step drafts (v2 draft prefill)
-    current = forward_context.attn_metadata
     steps = [i for i, metadata in enumerate(per_step) if metadata is current]
     if len(steps) != 1:
         raise CaptureRefused(f"draft step not recoverable ({len(steps)} matches)")
@@ -80,51 +69,105 @@ def _draft_step(role: str, metadata_key: str) -> int:
     return step
 
 
+def _draft_context() -> tuple[Any, Any]:
+    """What a draft step is recovered from: (``draft_attn_metadatas``, current metadata)."""
+    forward_context = get_forward_context()
+    return getattr(forward_context, "draft_attn_metadatas", None), forward_context.attn_metadata
+
+
 def _bucket_key(layout: TaskLayout, args: tuple, kwargs: dict) -> int:
     index, name = layout.key_arg
     return layout.key_of(args[index] if len(args) > index else kwargs[name])
 
 
-def _register(
-    scope: shared.CaptureScope, layout: TaskLayout, num_tokens: int, before: list[int]
-) -> None:
-    """Turn the one task group the stock capture just appended into a task of the graph."""
-    params = None
-    for candidate, n in zip(scope.graph_params, before, strict=True):
-        if candidate is None:
+def layer_names(layers: Any) -> dict[int, str | None]:
+    """``id(impl)`` -> the name of the one layer holding it (None if several hold it)."""
+    names: dict[int, str | None] = {}
+    for name, layer in layers.items():
+        impl = getattr(layer, "impl", None)
+        if impl is not None:
+            key = id(impl)
+            names[key] = None if key in names else name
+    return names
+
+
+def _unknown_layer(names: dict[int, str | None], impl: Any) -> str:
+    where = "held by several layers" if id(impl) in names else "in no registered layer"
+    return f"layer unknown at capture: the capturing impl is {where}"
+
+
+def _appended(scope: shared.CaptureScope, num_tokens: int, calls: int) -> tuple[Any, int]:
+    """(GraphParams, index of the first) of the ``calls`` task groups the capture appended
+    under ``num_tokens``: one per call, in call order, all to one ``GraphParams``."""
+    found = []
+    for params, before in zip(scope.graph_params, scope.lengths_before, strict=True):
+        if params is None:
             continue
-        size = len(candidate.handles.get(num_tokens, ()))
-        if size == n:
-            continue
-        if params is not None or size != n + 1:
-            raise CaptureRefused(f"{layout.kind}: expected one new task group")
-        params = candidate
-    if params is None:
-        return  # nothing captured (e.g. PA outside a capture)
-    layer = shared.CURRENT_LAYER.get()
-    if layer is None or layer[1] is None:
-        raise CaptureRefused(f"{layout.kind}: layer unknown at capture")
-    layer_name, metadata_key = layer
-    role = scope.graph.role
-    scope.graph.add(
-        build_task(
-            layout,
-            params.attn_params[num_tokens][-1],
-            runtime=torch_npu,
-            attn_module=attention_v1,
-            role=role,
-            layer_name=layer_name,
-            metadata_key=metadata_key,
-            step=_draft_step(role, metadata_key),
-            handle=params.handles[num_tokens][-1],
-            event=params.events[num_tokens][-1],
-            graph_workspace=scope.workspace_getter(params, num_tokens),
+        start = before.get(num_tokens, 0)
+        lists = (params.handles, params.events, params.attn_params)
+        grown = {len(entries.get(num_tokens, ())) - start for entries in lists}
+        if grown != {0}:
+            found.append((params, start, grown))
+    if len(found) == 1 and found[0][2] == {calls}:
+        return found[0][0], found[0][1]
+    if len(found) == 1 and len(found[0][2]) == 1 and min(found[0][2]) > calls:
+        raise CaptureRefused(
+            f"{min(found[0][2]) - calls} captured task group(s) not registered by the overlay "
+            "(an attention kind it does not own)"
         )
+    made = sorted(n for _, _, grown in found for n in grown)
+    raise CaptureRefused(
+        f"{calls} attention call(s) of size {num_tokens} appended {made or 0} task group(s)"
+        " (expected one each, in one GraphParams)"
     )
 
 
+def own_tasks(scope: shared.CaptureScope) -> None:
+    """Turn what the graph's capture appended into its tasks, in one pass after the capture.
+
+    Each attention call was noted (kind, impl, size, draft context); each appended one task
+    group, in call order: the n-th call of a size owns the n-th new group of that size.
+    ``CaptureRefused`` if anything does not fit: the graph is then left to stock.
+    """
+    noted, scope.calls = scope.calls, []
+    if not noted:
+        return
+    graph = scope.graph
+    names = layer_names(scope.layers or {})
+    by_size: dict[int, list[tuple]] = {}
+    for call in noted:
+        by_size.setdefault(call[2], []).append(call)
+    shared_memo: dict[tuple, Any] = {}
+    for num_tokens, calls in by_size.items():
+        params, first = _appended(scope, num_tokens, len(calls))
+        workspace = scope.workspace_getter(params, num_tokens)
+        captured = params.attn_params[num_tokens]
+        handles, events = params.handles[num_tokens], params.events[num_tokens]
+        for index, (layout, impl, _, seen) in enumerate(calls, first):
+            layer_name = names.get(id(impl))
+            if layer_name is None:
+                raise CaptureRefused(_unknown_layer(names, impl))
+            metadata_key = impl.kv_sharing_target_layer_name or layer_name
+            graph.add(
+                build_task(
+                    layout,
+                    captured[index],
+                    runtime=torch_npu,
+                    attn_module=attention_v1,
+                    role=graph.role,
+                    layer_name=layer_name,
+                    metadata_key=metadata_key,
+                    step=0 if seen is None else _draft_step(graph.role, metadata_key, seen),
+                    handle=handles[index],
+                    event=events[index],
+                    graph_workspace=workspace,
+                    shared=shared_memo,
+                )
+            )
+
+
 def _task_aspect(kind: str) -> Callable:
-    """The wrapper of one backend capture method: stock runs, then its task group is owned."""
+    """The wrapper of one backend capture method: the call is noted, then stock runs."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         scope = shared.CURRENT_SCOPE.get()
@@ -133,19 +176,16 @@ def _task_aspect(kind: str) -> Callable:
         try:
             assert shared.ACTIVE is not None
             layout = shared.ACTIVE.line.layouts[kind]
-            num_tokens = _bucket_key(layout, args, kwargs)
-            before = [
-                -1 if p is None else len(p.handles.get(num_tokens, ())) for p in scope.graph_params
-            ]
+            seen = None
+            if scope.layers is None or scope.graph.role != TARGET:
+                if scope.layers is None:
+                    scope.layers = get_forward_context().no_compile_layers
+                if scope.graph.role != TARGET:
+                    seen = _draft_context()
+            scope.calls.append((layout, instance, _bucket_key(layout, args, kwargs), seen))
         except Exception as exc:
             scope.fail(f"{kind}: {exc!r}")
-            return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        try:
-            _register(scope, layout, num_tokens, before)
-        except Exception as exc:
-            scope.fail(str(exc) if isinstance(exc, CaptureRefused) else f"{kind}: {exc!r}")
-        return result
+        return wrapped(*args, **kwargs)
 
     wrapper.__name__ = f"{kind}_task"
     return wrapper

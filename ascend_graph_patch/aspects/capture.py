@@ -15,8 +15,9 @@ from vllm.forward_context import get_forward_context
 
 from ascend_graph_patch import state
 from ascend_graph_patch.aspects import scope as shared
+from ascend_graph_patch.aspects.attention import own_tasks
 from ascend_graph_patch.aspects.guard import aspect_error
-from ascend_graph_patch.core.graph import OwnedGraph
+from ascend_graph_patch.core.graph import CaptureRefused, OwnedGraph
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
@@ -55,14 +56,26 @@ def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
         graph=OwnedGraph(role=role, descriptor=descriptor, replay_first=replay_first),
         graph_params=graph_params,
         handles_before=shared.total_handles(graph_params),
+        lengths_before=shared.lengths(graph_params),
     )
 
 
+def own_captured(scope: shared.CaptureScope) -> None:
+    """Turn the attention calls the capture noted into the graph's tasks, as it ends (any
+    misfit or error refuses the graph, with the reason)."""
+    if scope.failure is None:
+        try:
+            own_tasks(scope)
+        except Exception as exc:  # CaptureRefused, or a bug of ours: either way, stock keeps it
+            scope.fail(str(exc) if isinstance(exc, CaptureRefused) else f"tasks: {exc!r}")
+
+
 def close_scope(scope: shared.CaptureScope, graph: Any, aspect: str) -> None:
-    """Own `graph` if the scope registered every task group its capture created."""
+    """Own `graph` if every task group its capture created became one of its tasks."""
     owned = scope.graph
     if graph is None:
         return
+    own_captured(scope)
     grown = shared.total_handles(scope.graph_params) - scope.handles_before
     reason = scope.failure
     if reason is None and grown != len(owned.tasks):

@@ -28,7 +28,7 @@ from typing import Any
 
 from ascend_graph_patch import state
 from ascend_graph_patch.aspects import scope as shared
-from ascend_graph_patch.aspects.capture import close_scope, open_scope
+from ascend_graph_patch.aspects.capture import close_scope, open_scope, own_captured
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
 from ascend_graph_patch.core.registry import REGISTRY
@@ -164,6 +164,7 @@ class _OwnedCapture:
             if self.scope is not None and exc[0] is None:
                 try:
                     scope = self.scope
+                    own_captured(scope)  # while the lists hold this graph's groups last
                     scope.grown = shared.total_handles(scope.graph_params) - scope.handles_before
                     self.session.pending[id(self.graph)] = (self.graph, scope)
                 except Exception as error:  # the graph is then simply not owned

@@ -39,6 +39,11 @@ def stock_graph_params(line: Line) -> tuple[Any, ...]:
     )
 
 
+def lengths(graph_params: tuple[Any, ...]) -> list[dict[Any, int]]:
+    """Per GraphParams, num_tokens -> how many task groups the stock capture appended so far."""
+    return [{} if p is None else {n: len(v) for n, v in p.handles.items()} for p in graph_params]
+
+
 def total_handles(graph_params: tuple[Any, ...]) -> int:
     """How many task groups the stock capture has appended to these ``GraphParams`` so far."""
     return sum(len(v) for p in graph_params if p is not None for v in p.handles.values())
@@ -57,6 +62,13 @@ class CaptureScope:
     workspace_getters: dict[tuple[int, int], Callable[[], Any]] = field(default_factory=dict)
     #: v2: task groups this graph's capture appended (later graphs of one session add theirs)
     grown: int = 0
+    #: per GraphParams: num_tokens -> its task groups before this capture
+    lengths_before: list[dict[Any, int]] = field(default_factory=list)
+    #: the attention calls captured so far (layout, impl, num_tokens, draft context), owned as
+    #: tasks when the capture ends (``attention.own_tasks``)
+    calls: list[tuple] = field(default_factory=list)
+    #: the forward context's registered layers (name -> layer, whose ``impl`` captures)
+    layers: Any = None
 
     def fail(self, reason: str) -> None:
         if self.failure is None:
@@ -74,11 +86,6 @@ class CaptureScope:
 
 CURRENT_SCOPE: contextvars.ContextVar[CaptureScope | None] = contextvars.ContextVar(
     "ascend_graph_patch_capture_scope", default=None
-)
-# (layer name, metadata key) of the attention layer whose forward is running during capture.
-LayerIdentity = tuple[str | None, str | None]
-CURRENT_LAYER: contextvars.ContextVar[LayerIdentity | None] = contextvars.ContextVar(
-    "ascend_graph_patch_layer", default=None
 )
 # v2 replays update inside run_fullgraph with batch_descriptor=None: (role, descriptor, manager).
 CURRENT_REPLAY: contextvars.ContextVar[tuple[str, Any, Any] | None] = contextvars.ContextVar(

@@ -133,8 +133,9 @@ class UpdateTask:
     static: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        rebound = self.provider.value_keys
-        self.static = {k: v for k, v in self.template.items() if k not in rebound}
+        self.static = static = self.template.copy()
+        for key in self.provider.value_keys:
+            static.pop(key, None)
 
     @property
     def key(self) -> tuple[str, str, int]:

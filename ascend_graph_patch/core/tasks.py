@@ -8,6 +8,7 @@ rebinds what changes per step. Anything that does not fit the layout refuses the
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
 
@@ -30,33 +31,48 @@ def resolve_path(root: Any, path: str) -> Any:
     return obj
 
 
-def fields_of(layout: TaskLayout, captured: Any) -> dict[str, Any]:
-    """The captured tuple by field name; a tuple of another shape refuses the graph."""
+#: field names -> the named tuple type of a captured tuple with those fields
+_RECORDS: dict[tuple[str, ...], Any] = {}
+
+
+def record_type(fields: tuple[str, ...]) -> Any:
+    """The named tuple type reading a captured tuple by the layout's field names."""
+    record = _RECORDS.get(fields)
+    if record is None:
+        record = _RECORDS[fields] = namedtuple("Captured", fields)  # noqa: PYI024
+    return record
+
+
+def fields_of(layout: TaskLayout, captured: Any) -> Any:
+    """The captured tuple, its fields named (``fields.query``); a tuple of another shape
+    refuses the graph."""
     if not isinstance(captured, tuple) or len(captured) != len(layout.fields):
         size = len(captured) if isinstance(captured, tuple) else type(captured).__name__
         raise CaptureRefused(
             f"tuple arity: {layout.kind} tuple has {size} fields, expected {len(layout.fields)}"
         )
-    return dict(zip(layout.fields, captured, strict=True))
+    return tuple.__new__(record_type(layout.fields), captured)  # its ``_make``, without a frame
 
 
 def make_provider(
     layout: TaskLayout,
-    fields: dict[str, Any],
+    fields: Any,
     template: dict[str, Any],
     role: str,
     runtime: Any,
     graph_workspace: Callable[[], Any],
+    shared: dict[tuple, Any] | None = None,
 ) -> Provider:
-    """The provider for one task: what it rebinds follows the layout and the graph role."""
-    binds = list(layout.binds)
+    """The provider for one task: what it rebinds follows the layout and the graph role.
+
+    A graph-workspace provider holds nothing of its task: the tasks of one graph configured
+    alike can share one (``shared``, a memo for one graph's tasks built together).
+    """
     table, rule = layout.block_table, layout.rebind_table
-    if table is not None and rule is not None and rule(fields, role):
-        binds.append(table)
-    keys = tuple(key for key, _ in binds)
-    attributes = tuple(attribute for _, attribute in binds)
+    table_rebound = table is not None and rule is not None and rule(fields, role)
     if layout.workspace == "per_lengths":
-        if len(binds) != 1 or layout.workspace_getter is None:
+        keys, attributes = _rebinds(layout, table_rebound)
+        if len(keys) != 1 or layout.workspace_getter is None:
             raise CaptureRefused(f"{layout.kind}: a recomputed workspace needs one lengths bind")
         return LengthsWorkspaceProvider(
             kind=layout.kind,
@@ -66,15 +82,29 @@ def make_provider(
             template=template,
             signature=pa_signature(template),
         )
-    draft = role in (DRAFT, DRAFT_PREFILL)
-    return GraphWorkspaceProvider(
-        kind=layout.kind,
-        keys=keys,
-        attributes=attributes,
-        workspace=graph_workspace,
-        causal=layout.draft_causal if draft else None,
-        sparse_mode=template.get("sparse_mode", 3),
-    )
+    causal = layout.draft_causal if role in (DRAFT, DRAFT_PREFILL) else None
+    sparse_mode = template.get("sparse_mode", 3)
+    memo = (layout.kind, table_rebound, id(graph_workspace), causal, sparse_mode)
+    provider = None if shared is None else shared.get(memo)
+    if provider is None:
+        keys, attributes = _rebinds(layout, table_rebound)
+        provider = GraphWorkspaceProvider(
+            kind=layout.kind,
+            keys=keys,
+            attributes=attributes,
+            workspace=graph_workspace,
+            causal=causal,
+            sparse_mode=sparse_mode,
+        )
+        if shared is not None:
+            shared[memo] = provider
+    return provider
+
+
+def _rebinds(layout: TaskLayout, table_rebound: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(relaunch keywords, metadata attributes) a task of ``layout`` rebinds per step."""
+    binds = (*layout.binds, layout.block_table) if table_rebound else layout.binds
+    return tuple(key for key, _ in binds), tuple(attribute for _, attribute in binds)
 
 
 def build_task(
@@ -90,18 +120,28 @@ def build_task(
     handle: Any,
     event: Any,
     graph_workspace: Callable[[], Any],
+    shared: dict[tuple, Any] | None = None,
 ) -> UpdateTask:
-    """One owned task from one captured task group (``CaptureRefused`` if it does not fit)."""
+    """One owned task from one captured task group (``CaptureRefused`` if it does not fit).
+
+    ``shared``: a memo for the tasks of one graph built together (their op, and the providers
+    they can share), so building a graph's tasks costs little more than its tuples' fields.
+    """
     fields = fields_of(layout, captured)
     template = layout.template(fields, attn_module)
-    return UpdateTask(
-        kind=layout.kind,
-        metadata_key=metadata_key,
-        step=step,
-        layer_name=layer_name,
-        handle=handle,
-        event=event,
-        op=resolve_path(runtime, layout.op),
-        template=template,
-        provider=make_provider(layout, fields, template, role, runtime, graph_workspace),
+    op = None if shared is None else shared.get((layout.op,))
+    if op is None:
+        op = resolve_path(runtime, layout.op)
+        if shared is not None:
+            shared[(layout.op,)] = op
+    return UpdateTask(  # positional: one task per captured layer, built in a loop
+        layout.kind,
+        metadata_key,
+        step,
+        layer_name,
+        handle,
+        event,
+        op,
+        template,
+        make_provider(layout, fields, template, role, runtime, graph_workspace, shared),
     )

@@ -97,10 +97,11 @@ class Check:
         return None
 
 
-#: (captured fields by name, the attention module) -> the static relaunch keyword arguments.
-TemplateBuilder = Callable[[dict[str, Any], Any], dict[str, Any]]
-#: (captured fields by name, graph role) -> whether the block table is rebound every step.
-BlockTableRule = Callable[[dict[str, Any], str], bool]
+#: (the captured tuple as a named tuple of the layout's fields, the attention module) -> the
+#: relaunch keyword arguments as captured.
+TemplateBuilder = Callable[[Any, Any], dict[str, Any]]
+#: (the captured fields, graph role) -> whether the block table is rebound every step.
+BlockTableRule = Callable[[Any, str], bool]
 
 
 @dataclass(frozen=True)

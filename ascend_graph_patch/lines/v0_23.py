@@ -27,16 +27,10 @@ UPDATE_PARAMS = tuple(
     "update_stream forward_context num_tokens vllm_config speculative_config num_dcp_pcp_tokens "
     "draft_attn_metadatas".split()
 )
-FORWARD_PARAMS = tuple(
-    "self layer query key value kv_cache attn_metadata output output_scale "
-    "output_block_scale".split()
-)
 
 SEAMS: dict[str, Seam] = {
     # v1: the graph wrapper (capture + replay of target and merged draft graphs) and the backend
     "acl_graph.call": Seam(ACL, "ACLGraphWrapper.__call__", ("self", "args", "kwargs")),
-    "attention.forward": Seam(ATTN, f"{IMPL}.forward", FORWARD_PARAMS),
-    "attention.forward_c8": Seam(ATTN, "AscendC8AttentionBackendImpl.forward", FORWARD_PARAMS),
     "attention.full_graph_fia": Seam(
         ATTN,
         f"{IMPL}.full_graph_fia",
@@ -82,30 +76,30 @@ PA_FIELDS = tuple(
 )
 
 
-def fia_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
+def fia_template(f: Any, attn_module: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
-        "query": f["query"],
-        "key": f["key"],
-        "value": f["value"],
-        "block_table": f["block_table"],
-        "atten_mask": f["attn_mask"],
+        "query": f.query,
+        "key": f.key,
+        "value": f.value,
+        "block_table": f.block_table,
+        "atten_mask": f.attn_mask,
         "input_layout": "TND",
-        "block_size": f["block_size"],
-        "actual_seq_lengths": f["actual_seq_lengths_q"],
-        "actual_seq_lengths_kv": f["actual_seq_lengths_kv"],
-        "num_key_value_heads": f["num_kv_heads"],
-        "num_heads": f["num_heads"],
-        "scale": f["scale"],
-        "sparse_mode": f["sparse_mode"],
-        "pre_tokens": f["pre_tokens"],
-        "next_tokens": f["next_tokens"],
+        "block_size": f.block_size,
+        "actual_seq_lengths": f.actual_seq_lengths_q,
+        "actual_seq_lengths_kv": f.actual_seq_lengths_kv,
+        "num_key_value_heads": f.num_kv_heads,
+        "num_heads": f.num_heads,
+        "scale": f.scale,
+        "sparse_mode": f.sparse_mode,
+        "pre_tokens": f.pre_tokens,
+        "next_tokens": f.next_tokens,
         "workspace": None,
-        "out": [f["output"], f["softmax_lse"]],
+        "out": [f.output, f.softmax_lse],
     }
-    if f["c8_k_aq_scale"] is not None:  # INT8 KV cache: BNSD with antiquant, as stock relaunches
+    if f.c8_k_aq_scale is not None:  # INT8 KV cache: BNSD with antiquant, as stock relaunches
         kwargs.update(
-            key_antiquant_scale=f["c8_k_aq_scale"],
-            value_antiquant_scale=f["c8_v_aq_scale"],
+            key_antiquant_scale=f.c8_k_aq_scale,
+            value_antiquant_scale=f.c8_v_aq_scale,
             key_antiquant_mode=0,
             value_antiquant_mode=0,
             inner_precise=1,
@@ -115,49 +109,49 @@ def fia_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
     return kwargs
 
 
-def fia_v2_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
-    window = f["sliding_window"]
+def fia_v2_template(f: Any, attn_module: Any) -> dict[str, Any]:
+    window = f.sliding_window
     return {
-        "query": f["query"],
-        "key": f["key"],
-        "value": f["value"],
-        "block_table": f["block_table"],
-        "atten_mask": f["attn_mask"],
+        "query": f.query,
+        "key": f.key,
+        "value": f.value,
+        "block_table": f.block_table,
+        "atten_mask": f.attn_mask,
         "input_layout": "TND",
-        "block_size": f["block_size"],
+        "block_size": f.block_size,
         "actual_seq_qlen": None,
-        "actual_seq_kvlen": f["actual_seq_lengths_kv"],
-        "num_key_value_heads": f["num_kv_heads"],
-        "num_query_heads": f["num_heads"],
+        "actual_seq_kvlen": f.actual_seq_lengths_kv,
+        "num_key_value_heads": f.num_kv_heads,
+        "num_query_heads": f.num_heads,
         "sparse_mode": 4 if window is not None else 3,
         "pre_tokens": window if window is not None else attn_module.SWA_INT_MAX,
         "next_tokens": 0,
-        "softmax_scale": f["scale"],
-        "learnable_sink": f["sinks"],
+        "softmax_scale": f.scale,
+        "learnable_sink": f.sinks,
         "workspace": None,
-        "out": [f["output"], f["softmax_lse"]],
+        "out": [f.output, f.softmax_lse],
     }
 
 
-def pa_template(f: dict[str, Any], attn_module: Any) -> dict[str, Any]:
+def pa_template(f: Any, attn_module: Any) -> dict[str, Any]:
     return {
-        "query": f["query"],
-        "key_cache": f["key_cache"],
-        "value_cache": f["value_cache"],
-        "num_kv_heads": f["num_kv_heads"],
-        "num_heads": f["num_heads"],
-        "scale_value": f["scale"],
-        "block_table": f["block_tables"],
-        "context_lens": f["seq_lens"],
-        "out": f["output"],
+        "query": f.query,
+        "key_cache": f.key_cache,
+        "value_cache": f.value_cache,
+        "num_kv_heads": f.num_kv_heads,
+        "num_heads": f.num_heads,
+        "scale_value": f.scale,
+        "block_table": f.block_tables,
+        "context_lens": f.seq_lens,
+        "out": f.output,
         "workspace": None,
     }
 
 
-def fia_rebinds_table(fields: dict[str, Any], role: str) -> bool:
+def fia_rebinds_table(fields: Any, role: str) -> bool:
     """Stock keeps the captured table on sliding-window target layers (rebinding it there
     corrupts output on the device); drafts always rebind it."""
-    return role != TARGET or fields["sliding_window"] is None
+    return role != TARGET or fields.sliding_window is None
 
 
 def _query_ends_last(metadata: Any) -> int:
