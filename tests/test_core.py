@@ -123,6 +123,26 @@ def test_apply_runs_the_protocol_once_per_task_in_capture_order(runtime):
     assert l0[0]["workspace"] == "ws" and l0[0]["query"] == "q"
 
 
+def test_tasks_of_one_kv_group_relaunch_in_capture_order_with_the_group_s_values(runtime):
+    graph = OwnedGraph(role="target", descriptor=4)
+    t0, l0 = make_task(runtime, "layers.0", "layers.0")
+    t1, l1 = make_task(runtime, "layers.1", "layers.1")
+    graph.add(t0)
+    graph.add(t1)
+    group = metadata([4], [9])
+    graph.apply(graph.resolve(TargetSource({"layers.1": group, "layers.0": group})), "u", runtime)
+    assert [c[:2] for c in runtime.calls if c[0] in ("begin", "op", "record")] == [
+        ("begin", "h-layers.0-0"),
+        ("op", "layers.0"),
+        ("record", "e-layers.0-0"),
+        ("begin", "h-layers.1-0"),
+        ("op", "layers.1"),
+        ("record", "e-layers.1-0"),
+    ]
+    assert l0[0]["actual_seq_lengths_kv"] == l1[0]["actual_seq_lengths_kv"] == [9]
+    assert l0[0]["query"] == l1[0]["query"] == "q" and len(l0) == len(l1) == 1
+
+
 def two_tasks(runtime, **kw):
     graph = OwnedGraph(role="target", descriptor=4, **kw)
     graph.add(make_task(runtime, "layers.0", "layers.0")[0])
@@ -222,7 +242,7 @@ def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static
     assert set(task.op(**task.static, **values)) == set(template) | set(values)
 
 
-def three_tasks_failing_at_b(runtime, replay_first=True, fail="op"):
+def three_tasks_failing_at_b(runtime, replay_first=True, fail="op", one_kv_group=False):
     def failing(**kw):
         raise RuntimeError("launch failed")
 
@@ -233,12 +253,21 @@ def three_tasks_failing_at_b(runtime, replay_first=True, fail="op"):
         task_b.event = SimpleNamespace(record=lambda s: (_ for _ in ()).throw(OSError("record")))
     graph.add(task_b)
     graph.add(make_task(runtime, "c", "c")[0])
-    md = {k: metadata([4], [1]) for k in "abc"}
-    return graph, graph.resolve(TargetSource(md))
+    if one_kv_group:  # one metadata object: every task relaunches with one values dict
+        md = dict.fromkeys("abc", metadata([4], [1]))
+    else:
+        md = {k: metadata([4], [1]) for k in "abc"}
+    resolved = graph.resolve(TargetSource(md))
+    # the apply loop without per-task pairing runs exactly when the tasks share their values
+    assert (graph._uniform is not None and graph._uniform[0] is resolved.values) == one_kv_group
+    return graph, resolved
 
 
-def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(runtime):
-    graph, resolved = three_tasks_failing_at_b(runtime)
+@pytest.mark.parametrize("one_kv_group", [False, True])
+def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(
+    runtime, one_kv_group
+):
+    graph, resolved = three_tasks_failing_at_b(runtime, one_kv_group=one_kv_group)
     with pytest.raises(RuntimeError, match="launch failed") as caught:
         graph.apply(resolved, "upd", runtime)
     records = [c[1] for c in runtime.calls if c[0] == "record"]
@@ -247,19 +276,23 @@ def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_o
     assert any("fia b (2 of 3) failed; 2 pending event(s)" in n for n in caught.value.__notes__)
 
 
-def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime):
+@pytest.mark.parametrize("one_kv_group", [False, True])
+def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime, one_kv_group):
     """ENPU / 310P order: no replay waits yet, and the failure stops it from being launched;
     a record now would be a second one when the next step's update records again."""
-    graph, resolved = three_tasks_failing_at_b(runtime, replay_first=False)
+    graph, resolved = three_tasks_failing_at_b(
+        runtime, replay_first=False, one_kv_group=one_kv_group
+    )
     with pytest.raises(RuntimeError, match="launch failed"):
         graph.apply(resolved, "upd", runtime)
     assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
 
 
-def test_after_a_failed_record_nothing_more_is_recorded(runtime):
+@pytest.mark.parametrize("one_kv_group", [False, True])
+def test_after_a_failed_record_nothing_more_is_recorded(runtime, one_kv_group):
     """The replay waits at b's event whatever is recorded after it; recording c's would leave
     it set with nothing to consume it (a step behind for good, once the hang is cleared)."""
-    graph, resolved = three_tasks_failing_at_b(runtime, fail="record")
+    graph, resolved = three_tasks_failing_at_b(runtime, fail="record", one_kv_group=one_kv_group)
     with pytest.raises(OSError, match="record"):
         graph.apply(resolved, "upd", runtime)
     assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]

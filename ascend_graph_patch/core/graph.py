@@ -207,6 +207,9 @@ class OwnedGraph:
     #: the values the last update relaunched with: their host lists stay referenced until the
     #: next update has replaced them (the device reads them asynchronously on hardware)
     _applied: list[dict[str, Any]] | None = field(default=None, repr=False)
+    #: (values list, its one dict) of the last ``values_target`` whose tasks all share one dict:
+    #: ``apply_values`` given that very list relaunches every task with the dict, no pairing
+    _uniform: tuple[list[dict[str, Any]], dict[str, Any]] | None = field(default=None, repr=False)
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
@@ -269,7 +272,9 @@ class OwnedGraph:
                 raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
             shared = _shared_values(bucket, fetched, None)
             if shared is not None:
-                return [shared] * len(self.tasks)
+                values = [shared] * len(self.tasks)
+                self._uniform = (values, shared)
+                return values
             each: list = [None] * len(self.tasks)
             self._write_each(bucket, fetched, {}, each)
             return each
@@ -358,31 +363,50 @@ class OwnedGraph:
         ``values[i]`` is what task ``i``'s relaunch adds to its static arguments (``tasks`` and
         their ``calls``: this graph's, unless given).
         """
+        shared = None
         if calls is None:
             tasks, calls = self.tasks, self._calls
             self._applied = values
+            uniform = self._uniform
+            if uniform is not None and uniform[0] is values:
+                shared = uniform[1]  # every task adds the same values: no per-task pairing
         assert tasks is not None
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
         total = len(tasks)
         # Nothing is counted per task: after a failure, what the iterator has left says where.
-        remaining = zip(calls, values)  # noqa: B905 - one per task, both
+        remaining: Any = iter(calls) if shared is not None else zip(calls, values)  # noqa: B905
         finished = record_failed = False
         try:
             with runtime.stream(update_stream):
-                for (op, handle, event, static), fresh in remaining:
-                    begin(update_stream, handle)
-                    try:
-                        op(**static, **fresh)
-                    except BaseException:
-                        _quietly(end, update_stream)  # close the scope; keep the op's error
-                        raise
-                    end(update_stream)
-                    try:
-                        event.record(update_stream)
-                    except BaseException:
-                        record_failed = True
-                        raise
+                if shared is not None:
+                    for op, handle, event, static in remaining:
+                        begin(update_stream, handle)
+                        try:
+                            op(**static, **shared)
+                        except BaseException:
+                            _quietly(end, update_stream)  # close the scope; keep the op's error
+                            raise
+                        end(update_stream)
+                        try:
+                            event.record(update_stream)
+                        except BaseException:
+                            record_failed = True
+                            raise
+                else:
+                    for (op, handle, event, static), fresh in remaining:
+                        begin(update_stream, handle)
+                        try:
+                            op(**static, **fresh)
+                        except BaseException:
+                            _quietly(end, update_stream)
+                            raise
+                        end(update_stream)
+                        try:
+                            event.record(update_stream)
+                        except BaseException:
+                            record_failed = True
+                            raise
                 finished = True
         except BaseException as exc:
             started = total - sum(1 for _ in remaining)
