@@ -1,18 +1,17 @@
 """Attention aspects: note each task group the stock capture creates; own them as the graph closes.
 
-The stock capture code runs unchanged. After a backend capture method (``full_graph_fia`` /
-``_fia_v2`` / ``_pa``) returns, the one entry it appended to a ``GraphParams`` (event, handle,
-captured tuple) is noted with what only that moment knows: its layer's metadata key
-(``kv_sharing_target_layer_name or layer_name``, as stock's ``_graph_metadata_layer_name``) and,
-in a draft graph, the draft step, recovered by identity: the proposer sets
-``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each step, and the shape
-of that entry is checked (``_draft_step``). The layer comes from the capture method's own
-instance: vLLM registers every attention layer, by name, in the forward context's
-``no_compile_layers``, and each layer has its own impl.
+The stock capture code runs unchanged. Each call of a backend capture method (``full_graph_fia``
+/ ``_fia_v2`` / ``_pa``) inside a capture scope is noted with what only that moment knows: the
+impl making it (whose layer gives the metadata key, ``kv_sharing_target_layer_name or
+layer_name``, as stock's ``_graph_metadata_layer_name``; vLLM registers every attention layer, by
+name, in the forward context's ``no_compile_layers``, and each layer has its own impl), the size,
+and in a draft graph the step, recovered by identity: the proposer sets
+``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each step, and the
+shape of that entry is checked (``_draft_step``).
 
-The notes become tasks (``core.tasks``) when the graph's capture closes
-(:func:`own_tasks`), in one pass: between two layers of a capture the overlay does only the
-bookkeeping, so its code does not run cold between the model's own.
+When the graph's capture ends, each call owns the one entry (captured tuple, handle, event) it
+appended to a ``GraphParams``, and the notes become tasks (``core.tasks``) in one pass
+(:func:`own_tasks`): between two layers of a capture the overlay only appends a note.
 """
 
 from __future__ import annotations
