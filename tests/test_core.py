@@ -226,9 +226,9 @@ def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
 def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static_arguments(
     kind, role
 ):
-    """The relaunch passes ``op(**static, **values)``: a value key missing from ``value_keys``
-    would reach the op twice (a TypeError at the first relaunch), one listed but not returned
-    would drop a captured argument."""
+    """Each update writes ``values`` over the task's launch arguments: a key listed in
+    ``value_keys`` but not returned would relaunch its captured (stale) value, one returned but
+    not listed would be counted static (verify and the benchmark's floor read ``static``)."""
     template = {**pa_template(), "sparse_mode": 3, "context_lens": [1], "workspace": None}
     runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=lambda **kw: "pa-ws")
     p = provider(kind, role, runtime=runtime_ns, template=template)
@@ -239,35 +239,47 @@ def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static
         op=lambda **kw: kw, template=template, provider=p,
     )  # fmt: skip
     assert not set(task.static) & set(values)
-    assert set(task.op(**task.static, **values)) == set(template) | set(values)
+    task.template.update(values)  # what each update does before the relaunch
+    assert task.op(**task.template) == {**task.static, **values}
 
 
-def three_tasks_failing_at_b(runtime, replay_first=True, fail="op", one_kv_group=False):
+#: How the three tasks' values are shared when the failure meets them: "each" reads one metadata
+#: object per task; "one" one KV-cache group (apply's loop without pairing); "runs" two groups,
+#: [a] and [b, c], configured apart.
+SHARING = ["each", "one", "runs"]
+
+
+def three_tasks_failing_at_b(runtime, replay_first=True, fail="op", sharing="each"):
     def failing(**kw):
         raise RuntimeError("launch failed")
 
+    first = provider(workspace=lambda: "ws-a") if sharing == "runs" else None
     graph = OwnedGraph(role="target", descriptor=4, replay_first=replay_first)
-    graph.add(make_task(runtime, "a", "a")[0])
+    graph.add(make_task(runtime, "a", "a", provider=first)[0])
     task_b = make_task(runtime, "b", "b", op=failing if fail == "op" else None)[0]
     if fail == "record":
         task_b.event = SimpleNamespace(record=lambda s: (_ for _ in ()).throw(OSError("record")))
     graph.add(task_b)
     graph.add(make_task(runtime, "c", "c")[0])
-    if one_kv_group:  # one metadata object: every task relaunches with one values dict
+    if sharing == "one":  # one metadata object: every task relaunches with one values dict
         md = dict.fromkeys("abc", metadata([4], [1]))
+    elif sharing == "runs":
+        md = {"a": metadata([4], [1]), **dict.fromkeys("bc", metadata([4], [2]))}
     else:
         md = {k: metadata([4], [1]) for k in "abc"}
     resolved = graph.resolve(TargetSource(md))
-    # the apply loop without per-task pairing runs exactly when the tasks share their values
-    assert (graph._uniform is not None and graph._uniform[0] is resolved.values) == one_kv_group
+    distinct = {id(v) for v in resolved.values}
+    assert len(distinct) == {"each": 3, "one": 1, "runs": 2}[sharing]  # dicts the tasks share
+    # the loop without per-task pairing runs exactly when every task shares one values dict
+    assert (graph._uniform is not None and graph._uniform[0] is resolved.values) == (
+        sharing == "one"
+    )
     return graph, resolved
 
 
-@pytest.mark.parametrize("one_kv_group", [False, True])
-def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(
-    runtime, one_kv_group
-):
-    graph, resolved = three_tasks_failing_at_b(runtime, one_kv_group=one_kv_group)
+@pytest.mark.parametrize("sharing", SHARING)
+def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_on(runtime, sharing):
+    graph, resolved = three_tasks_failing_at_b(runtime, sharing=sharing)
     with pytest.raises(RuntimeError, match="launch failed") as caught:
         graph.apply(resolved, "upd", runtime)
     records = [c[1] for c in runtime.calls if c[0] == "record"]
@@ -276,23 +288,21 @@ def test_a_failed_relaunch_raises_after_recording_what_a_launched_replay_waits_o
     assert any("fia b (2 of 3) failed; 2 pending event(s)" in n for n in caught.value.__notes__)
 
 
-@pytest.mark.parametrize("one_kv_group", [False, True])
-def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime, one_kv_group):
+@pytest.mark.parametrize("sharing", SHARING)
+def test_when_the_runner_updates_first_nothing_is_recorded_after_a_failure(runtime, sharing):
     """ENPU / 310P order: no replay waits yet, and the failure stops it from being launched;
     a record now would be a second one when the next step's update records again."""
-    graph, resolved = three_tasks_failing_at_b(
-        runtime, replay_first=False, one_kv_group=one_kv_group
-    )
+    graph, resolved = three_tasks_failing_at_b(runtime, replay_first=False, sharing=sharing)
     with pytest.raises(RuntimeError, match="launch failed"):
         graph.apply(resolved, "upd", runtime)
     assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]
 
 
-@pytest.mark.parametrize("one_kv_group", [False, True])
-def test_after_a_failed_record_nothing_more_is_recorded(runtime, one_kv_group):
+@pytest.mark.parametrize("sharing", SHARING)
+def test_after_a_failed_record_nothing_more_is_recorded(runtime, sharing):
     """The replay waits at b's event whatever is recorded after it; recording c's would leave
     it set with nothing to consume it (a step behind for good, once the hang is cleared)."""
-    graph, resolved = three_tasks_failing_at_b(runtime, fail="record", one_kv_group=one_kv_group)
+    graph, resolved = three_tasks_failing_at_b(runtime, fail="record", sharing=sharing)
     with pytest.raises(OSError, match="record"):
         graph.apply(resolved, "upd", runtime)
     assert [c[1] for c in runtime.calls if c[0] == "record"] == ["e-a-0"]

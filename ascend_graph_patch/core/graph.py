@@ -6,9 +6,11 @@ A task is keyed by (kind, metadata key, draft step), never by position. Replay i
 fresh arguments, closes the update and records the task's event (a graph left waiting on an event
 is a hang on hardware).
 
-A task's relaunch arguments are its ``static`` ones (captured, never rewritten) plus the values
-its provider computes per step, passed together at the call (``op(**static, **values)``): the
-layers of a KV-cache group share one values dict, so a step writes nothing per task.
+A task relaunches with one keyword dict, its ``template``: the captured arguments, with the
+values its provider computes per step written over the keys they rebind just before the call
+(``template |= values; op(**template)``: the bare call plus a few key writes, where a merge into a
+fresh dict would copy every argument). The layers of a KV-cache group share one values dict: the
+step computes it once.
 
 What a failure means decides what the step does (the caller acts on it; see ``aspects/replay``):
 
@@ -117,8 +119,11 @@ class UpdateTask:
     """One captured attention task group, owned by the graph that captured it.
 
     ``template`` holds the relaunch's keyword arguments as captured (the weak-referenced tensors
-    and scalars, as the stock registry holds them); the provider supplies what changes per step.
-    ``static`` is the template without those keys: what the relaunch passes unchanged.
+    and scalars, as the stock registry holds them) and is the dict the relaunch passes: every
+    update writes the provider's fresh values over the keys it rebinds (``provider.value_keys``),
+    so it holds the last step's values until the next one replaces them (the device reads host
+    lists asynchronously on hardware). Whatever else reads it reads the other keys (``static``)
+    or overrides these.
     """
 
     kind: str
@@ -130,12 +135,12 @@ class UpdateTask:
     op: Callable[..., Any]
     template: dict[str, Any]
     provider: Provider
-    static: dict[str, Any] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.static = static = self.template.copy()
-        for key in self.provider.value_keys:
-            static.pop(key, None)
+    @property
+    def static(self) -> dict[str, Any]:
+        """The arguments no update rewrites (the template without the provider's keys)."""
+        rebound = self.provider.value_keys
+        return {k: v for k, v in self.template.items() if k not in rebound}
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -152,8 +157,8 @@ ResolvedTask = tuple[UpdateTask, dict[str, Any]]
 
 
 class Resolution(Sequence[ResolvedTask]):
-    """One step's resolved update of a graph: per task, the values its relaunch adds to its
-    static arguments (the layers of a KV-cache group share one dict).
+    """One step's resolved update of a graph: per task, the values its relaunch writes over its
+    template (the layers of a KV-cache group share one dict).
 
     Indexed or iterated, it gives ``(task, full relaunch kwargs)``, built on demand (verify,
     tests, the benchmark's floor); ``OwnedGraph.apply`` passes the two parts straight to the call.
@@ -172,7 +177,7 @@ class Resolution(Sequence[ResolvedTask]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         task = self.tasks[index]
-        return task, {**task.static, **self.values[index]}
+        return task, {**task.template, **self.values[index]}  # what its relaunch passes
 
 
 @dataclass(eq=False, slots=True)
@@ -204,9 +209,6 @@ class OwnedGraph:
     # step allocates the providers' fresh values and one list.
     _buckets: list[_Bucket] | None = field(default=None, repr=False)
     _calls: list[tuple] = field(default_factory=list, repr=False)
-    #: the values the last update relaunched with: their host lists stay referenced until the
-    #: next update has replaced them (the device reads them asynchronously on hardware)
-    _applied: list[dict[str, Any]] | None = field(default=None, repr=False)
     #: (values list, its one dict) of the last ``values_target`` whose tasks all share one dict:
     #: ``apply_values`` given that very list relaunches every task with the dict, no pairing
     _uniform: tuple[list[dict[str, Any]], dict[str, Any]] | None = field(default=None, repr=False)
@@ -218,7 +220,7 @@ class OwnedGraph:
             raise CaptureRefused(f"duplicate task key {key}")
         self._keys.add(key)
         self.tasks.append(task)
-        self._calls.append((task.op, task.handle, task.event, task.static))
+        self._calls.append((task.op, task.handle, task.event, task.template))
         self._buckets = None
 
     def kinds(self) -> dict[str, int]:
@@ -345,7 +347,7 @@ class OwnedGraph:
         if isinstance(resolved, Resolution) and resolved.tasks is self.tasks:
             self.apply_values(resolved.values, update_stream, runtime)
             return
-        # (task, full kwargs) pairs: each relaunch's kwargs whole, no static part
+        # (task, full kwargs) pairs: each relaunch's kwargs whole, written into a fresh dict
         tasks = [task for task, _ in resolved]
         calls = [(t.op, t.handle, t.event, {}) for t in tasks]
         self.apply_values([kw for _, kw in resolved], update_stream, runtime, tasks, calls)
@@ -360,13 +362,12 @@ class OwnedGraph:
     ) -> None:
         """``apply`` of what ``values_target`` / ``values_draft`` resolved: the replay hot path.
 
-        ``values[i]`` is what task ``i``'s relaunch adds to its static arguments (``tasks`` and
-        their ``calls``: this graph's, unless given).
+        ``values[i]`` is what task ``i``'s relaunch writes over its template (``tasks`` and their
+        ``calls``, ``(op, handle, event, template)``: this graph's, unless given).
         """
         shared = None
         if calls is None:
             tasks, calls = self.tasks, self._calls
-            self._applied = values
             uniform = self._uniform
             if uniform is not None and uniform[0] is values:
                 shared = uniform[1]  # every task adds the same values: no per-task pairing
@@ -380,10 +381,11 @@ class OwnedGraph:
         try:
             with runtime.stream(update_stream):
                 if shared is not None:
-                    for op, handle, event, static in remaining:
+                    for op, handle, event, launch in remaining:
+                        launch |= shared
                         begin(update_stream, handle)
                         try:
-                            op(**static, **shared)
+                            op(**launch)
                         except BaseException:
                             _quietly(end, update_stream)  # close the scope; keep the op's error
                             raise
@@ -394,10 +396,11 @@ class OwnedGraph:
                             record_failed = True
                             raise
                 else:
-                    for (op, handle, event, static), fresh in remaining:
+                    for (op, handle, event, launch), fresh in remaining:
+                        launch |= fresh
                         begin(update_stream, handle)
                         try:
-                            op(**static, **fresh)
+                            op(**launch)
                         except BaseException:
                             _quietly(end, update_stream)
                             raise
