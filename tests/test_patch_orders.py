@@ -36,7 +36,8 @@ import vllm_ascend.compilation.acl_graph as acl
 impl = attn.AscendAttentionBackendImpl.__dict__["update_graph_params"]
 call = acl.ACLGraphWrapper.__dict__["__call__"]
 def wrapped(obj):
-    return type(obj).__name__ == "FunctionWrapper"
+    # a wrapt FunctionWrapper, or ours for a staticmethod's function (without importing wrapt)
+    return any(t.__name__ == "FunctionWrapper" for t in type(obj).__mro__)
 def wrappers(obj):
     # FunctionWrappers in the chain (a staticmethod's function is wrapped inside it)
     count = 0
@@ -118,3 +119,43 @@ def test_unpatch_restores_the_original_attributes() -> None:
     )
     assert all(a is b for a, b in zip(before, after, strict=True))
     assert activation.installed() == []
+
+
+class _Recording:
+    """A callable that records every attribute looked up on it and missing."""
+
+    def __init__(self) -> None:
+        self.missing: list[str] = []
+
+    def __call__(self, *args: object) -> tuple:
+        return args
+
+    def __getattr__(self, name: str) -> object:
+        self.missing.append(name)
+        raise AttributeError(name)
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_a_staticmethod_s_wrapper_is_called_without_looking_for_an_instance(static: bool) -> None:
+    """The update seam is a staticmethod: its wrapper calls ours straight away, with no instance.
+    A plain FunctionWrapper (the negative control) first looks for a ``__self__`` at every call:
+    an AttributeError raised and cleared per replay step."""
+    import wrapt
+
+    from ascend_graph_patch.installer import _static_wrapper
+
+    seen = []
+
+    def aspect(wrapped, instance, args, kwargs):  # noqa: ANN001, ANN202
+        seen.append(instance)
+        return wrapped(*args, **kwargs)
+
+    function = _Recording()
+    wrapper = (
+        _static_wrapper(function, aspect) if static else wrapt.FunctionWrapper(function, aspect)
+    )
+    holder = type("Impl", (), {"update": staticmethod(wrapper)})
+    function.missing.clear()  # what building the wrapper and the class looked up
+    assert holder.update(1, 2) == (1, 2) and holder().update(3) == (3,)
+    assert seen == [None, None]
+    assert function.missing == ([] if static else ["__self__", "__self__"])
