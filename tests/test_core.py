@@ -244,8 +244,8 @@ def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static
 
 
 #: How the three tasks' values are shared when the failure meets them: "each" reads one metadata
-#: object per task; "one" one KV-cache group (apply's loop without pairing); "runs" two groups,
-#: [a] and [b, c], configured apart.
+#: object per task (apply's paired loop); "one" one KV-cache group (one run); "runs" two groups,
+#: [a] and [b, c], configured apart (two runs, the failure in the second).
 SHARING = ["each", "one", "runs"]
 
 
@@ -270,10 +270,9 @@ def three_tasks_failing_at_b(runtime, replay_first=True, fail="op", sharing="eac
     resolved = graph.resolve(TargetSource(md))
     distinct = {id(v) for v in resolved.values}
     assert len(distinct) == {"each": 3, "one": 1, "runs": 2}[sharing]  # dicts the tasks share
-    # the loop without per-task pairing runs exactly when every task shares one values dict
-    assert (graph._uniform is not None and graph._uniform[0] is resolved.values) == (
-        sharing == "one"
-    )
+    # the runs loop (no per-task pairing) runs exactly when each bucket shares one values dict
+    runs = graph._runs[1] if graph._runs and graph._runs[0] is resolved.values else None
+    assert [len(run) for run, _ in runs or ()] == {"each": [], "one": [3], "runs": [1, 2]}[sharing]
     return graph, resolved
 
 
@@ -337,6 +336,32 @@ def test_draft_tasks_bind_by_key_and_step_not_position(runtime):
         assert tasks[("mtp.1", step)][0]["actual_seq_lengths_kv"] == [100 + step]
         assert tasks[("mtp.1", step)][0]["sparse_mode"] == 0  # non-causal draft step
         assert tasks[("mtp.0", step)][0]["sparse_mode"] == 3  # the captured mode, causal step
+
+
+@pytest.mark.parametrize("step_major", [True, False])
+def test_draft_steps_of_one_kv_group_relaunch_in_capture_order_with_their_step_s_values(
+    runtime, step_major
+):
+    """A merged MTP draft of one KV-cache group: each step's tasks share one values dict. Captured
+    step-major, each step's tasks are one run (no per-task pairing); captured in another order,
+    the paired loop. Either way each task relaunches once, in capture order, with its step's."""
+    graph = OwnedGraph(role="draft", descriptor=4)
+    launched = {}
+    order = [(s, n) for s in range(3) for n in ("mtp.0", "mtp.1")]
+    if not step_major:
+        order = sorted(order, key=lambda sn: sn[1])
+    ws = provider(role=DRAFT, workspace=lambda: None)
+    for step, name in order:
+        task, launched[(name, step)] = make_task(runtime, name, name, step, ws)
+        graph.add(task)
+    per_step = [dict.fromkeys(("mtp.1", "mtp.0"), metadata([4], [10 + s])) for s in range(3)]
+    resolved = graph.resolve(DraftSource(per_step))
+    runs = graph._runs[1] if graph._runs and graph._runs[0] is resolved.values else None
+    assert [len(run) for run, _ in runs or ()] == ([2, 2, 2] if step_major else [])
+    graph.apply(resolved, "upd", runtime)
+    assert [c[1] for c in runtime.calls if c[0] == "begin"] == [f"h-{n}-{s}" for s, n in order]
+    for (name, step), calls in launched.items():
+        assert len(calls) == 1 and calls[0]["actual_seq_lengths_kv"] == [10 + step], (name, step)
 
 
 def test_draft_with_too_few_steps_is_a_step_fault(runtime):

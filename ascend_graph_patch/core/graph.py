@@ -193,6 +193,7 @@ class _Bucket:
     provider: Provider  # the first task's (the group's configuration)
     label: str  # the first task's
     single: bool  # one task: ``fetch`` returns its metadata object, not a tuple
+    calls: list[tuple] | None = None  # its tasks' calls, when every bucket's tasks are contiguous
 
 
 @dataclass(eq=False)
@@ -209,9 +210,13 @@ class OwnedGraph:
     # step allocates the providers' fresh values and one list.
     _buckets: list[_Bucket] | None = field(default=None, repr=False)
     _calls: list[tuple] = field(default_factory=list, repr=False)
-    #: (values list, its one dict) of the last ``values_target`` whose tasks all share one dict:
-    #: ``apply_values`` given that very list relaunches every task with the dict, no pairing
-    _uniform: tuple[list[dict[str, Any]], dict[str, Any]] | None = field(default=None, repr=False)
+    #: (values list, its runs) of the last step resolved whose buckets each share one values dict
+    #: and lie one after another in task order (a dense target: one run; an MTP draft: one per
+    #: step). A run is (the bucket's calls, its dict): ``apply_values`` given that very list
+    #: relaunches run by run with each run's dict, no per-task pairing.
+    _runs: tuple[list[dict[str, Any]], list[tuple[list[tuple], dict[str, Any]]]] | None = field(
+        default=None, repr=False
+    )
     _keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)
 
     def add(self, task: UpdateTask) -> None:
@@ -249,6 +254,9 @@ class OwnedGraph:
                 len(keys) == 1,
             )
             self._buckets.append(bucket)
+        if all(b.span is not None for b in self._buckets):  # then they tile the tasks in order
+            for b in self._buckets:
+                b.calls = self._calls[b.span]
         return self._buckets
 
     def resolve(self, source: TargetSource | DraftSource) -> Resolution:
@@ -277,19 +285,22 @@ class OwnedGraph:
                 first = fetched if bucket.single else fetched[0]
                 shared = _values(bucket.provider, bucket.label, first, None)
                 values = [shared] * len(self.tasks)
-                self._uniform = (values, shared)
+                self._runs = (values, [(self._calls, shared)])
                 return values
             each: list = [None] * len(self.tasks)
             self._write_each(bucket, fetched, {}, each)
             return each
         cache: dict = {}  # several buckets may read one metadata object
         values: list = [None] * len(self.tasks)
+        runs: list | None = [] if buckets[0].calls is not None else None
         for bucket in buckets:
             try:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
-            self._write(bucket, fetched, cache, values)
+            runs = self._write(bucket, fetched, cache, values, runs)
+        if runs is not None:
+            self._runs = (values, runs)
         return values
 
     def values_draft(self, per_step: Any) -> list[dict[str, Any]]:
@@ -297,24 +308,34 @@ class OwnedGraph:
         buckets = self._buckets or self._prepare()
         cache = {} if len(buckets) > 1 else None
         values: list = [None] * len(self.tasks)
+        runs: list | None = [] if buckets[0].calls is not None else None
         for bucket in buckets:
             try:
                 fetched = bucket.fetch(per_step[bucket.step])
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(DraftSource(per_step), bucket, exc) from exc
-            self._write(bucket, fetched, cache, values)
+            runs = self._write(bucket, fetched, cache, values, runs)
+        if runs is not None:
+            self._runs = (values, runs)
         return values
 
-    def _write(self, bucket: _Bucket, fetched: Any, cache: dict | None, out: list) -> None:
-        """Each task's values of ``bucket`` into ``out`` (by task index)."""
+    def _write(
+        self, bucket: _Bucket, fetched: Any, cache: dict | None, out: list, runs: list | None
+    ) -> list | None:
+        """Each task's values of ``bucket`` into ``out`` (by task index); returns ``runs`` with
+        the bucket's run added when its tasks share one dict, else None (no runs this step)."""
         shared = _shared_values(bucket, fetched, cache)
         if shared is None:
             self._write_each(bucket, fetched, {} if cache is None else cache, out)
-        elif bucket.span is not None:
+            return None
+        if bucket.span is not None:
             out[bucket.span] = [shared] * len(bucket.indices)
         else:
             for i in bucket.indices:
                 out[i] = shared
+        if runs is not None:
+            runs.append((bucket.calls, shared))
+        return runs
 
     def _write_each(self, bucket: _Bucket, fetched: Any, cache: dict, out: list) -> None:
         """Tasks reading several metadata objects: values per object (``cache`` shares them)."""
@@ -367,36 +388,43 @@ class OwnedGraph:
         ``values[i]`` is what task ``i``'s relaunch writes over its template (``tasks`` and their
         ``calls``, ``(op, handle, event, template)``: this graph's, unless given).
         """
-        shared = None
+        runs = None
         if calls is None:
             tasks, calls = self.tasks, self._calls
-            uniform = self._uniform
-            if uniform is not None and uniform[0] is values:
-                shared = uniform[1]  # every task adds the same values: no per-task pairing
+            resolved = self._runs
+            if resolved is not None and resolved[0] is values:
+                runs = resolved[1]  # each run's tasks take one dict: no per-task pairing
         assert tasks is not None
         begin = runtime.graph_task_update_begin
         end = runtime.graph_task_update_end
         total = len(tasks)
-        # Nothing is counted per task: after a failure, what the iterator has left says where.
-        remaining: Any = iter(calls) if shared is not None else zip(calls, values)  # noqa: B905
+        # Nothing is counted per task: after a failure, what the current run's iterator has left
+        # says where (``offset``: the tasks of the runs before it; the paired loop is one run).
+        offset = 0
+        remaining: Any = iter(()) if runs is not None else zip(calls, values)  # noqa: B905
+        length = 0 if runs is not None else total
         finished = record_failed = False
         try:
             with runtime.stream(update_stream):
-                if shared is not None:
-                    for op, handle, event, launch in remaining:
-                        launch |= shared
-                        begin(update_stream, handle)
-                        try:
-                            op(**launch)
-                        except BaseException:
-                            _quietly(end, update_stream)  # close the scope; keep the op's error
-                            raise
-                        end(update_stream)
-                        try:
-                            event.record(update_stream)
-                        except BaseException:
-                            record_failed = True
-                            raise
+                if runs is not None:
+                    for run, shared in runs:
+                        offset += length
+                        length = len(run)
+                        remaining = iter(run)
+                        for op, handle, event, launch in remaining:
+                            launch |= shared
+                            begin(update_stream, handle)
+                            try:
+                                op(**launch)
+                            except BaseException:
+                                _quietly(end, update_stream)  # close the scope; keep its error
+                                raise
+                            end(update_stream)
+                            try:
+                                event.record(update_stream)
+                            except BaseException:
+                                record_failed = True
+                                raise
                 else:
                     for (op, handle, event, launch), fresh in remaining:
                         launch |= fresh
@@ -414,7 +442,7 @@ class OwnedGraph:
                             raise
                 finished = True
         except BaseException as exc:
-            started = total - sum(1 for _ in remaining)
+            started = offset + length - sum(1 for _ in remaining)
             done = started if finished else max(started - 1, 0)
             # A record that failed is not retried (it may have half happened), and the replay
             # will wait at that event whatever else is recorded: recording the events after it
