@@ -423,7 +423,7 @@ def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode()
 
 def test_tasks_of_one_kv_group_share_one_computation_of_their_values(runtime):
     """The layers of a KV-cache group read one metadata object: the fresh values (and the
-    graph's workspace) are computed once for all of them, each task gets its own launch dict."""
+    graph's workspace) are computed once for all of them, each task relaunches with its own dict."""
     reads = []
     getter = lambda: reads.append(1) or "ws"  # noqa: E731
     graph = OwnedGraph(role="target", descriptor=4)
