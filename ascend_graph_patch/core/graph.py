@@ -280,10 +280,8 @@ class OwnedGraph:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
                 raise self._missing(TargetSource(attn_metadata), bucket, exc) from exc
-            # one metadata object for every task (a KV-cache group): ``_shared_values``, inlined
-            if bucket.single or all(map(is_, fetched, repeat(fetched[0]))):
-                first = fetched if bucket.single else fetched[0]
-                shared = _values(bucket.provider, bucket.label, first, None)
+            shared = _shared_values(bucket, fetched, None)
+            if shared is not None:
                 values = [shared] * len(self.tasks)
                 self._runs = (values, [(self._calls, shared)])
                 return values

@@ -22,6 +22,11 @@ from typing import Any
 from ascend_graph_patch.core.graph import OwnedGraph
 
 
+def _tokens(descriptor: Any) -> Any:
+    """The cheap part of a batch descriptor (v1 and v2 descriptors both carry num_tokens)."""
+    return getattr(descriptor, "num_tokens", descriptor)
+
+
 def _same(a: Any, b: Any) -> bool:
     """Descriptor equality; their field dicts compare in C where the dataclass __eq__ does not."""
     try:
@@ -41,9 +46,8 @@ class GraphRegistry:
     def __init__(self) -> None:
         self._owned: weakref.WeakKeyDictionary[Any, OwnedGraph] = weakref.WeakKeyDictionary()
         # (role, num_tokens) -> [(descriptor, [(weakref(owner), weakref(graph), weakref(owned))])]
-        # with the entries oldest first (v1 and v2 descriptors both carry num_tokens; anything
-        # else keys by itself). Descriptors hash and compare in Python (dataclasses): the int key
-        # finds the few candidates, identity (the dispatcher hands out the
+        # with the entries oldest first. Descriptors hash and compare in Python (dataclasses):
+        # the int key finds the few candidates, identity (the dispatcher hands out the
         # descriptors it captured with) or equality picks one.
         self._index: dict[tuple[str, Any], list[tuple[Any, list[tuple[Any, Any, Any]]]]] = {}
         #: (role, descriptor) -> why the newest graph captured for it was left to stock
@@ -65,8 +69,7 @@ class GraphRegistry:
         self.refused[key] = reason
 
     def _entries(self, role: str, descriptor: Any) -> list[tuple[Any, Any, Any]] | None:
-        tokens = getattr(descriptor, "num_tokens", descriptor)  # inline: the update's hot path
-        for known, entries in self._index.get((role, tokens), ()):
+        for known, entries in self._index.get((role, _tokens(descriptor)), ()):
             if known is descriptor or _same(known, descriptor):
                 return entries
         return None
@@ -76,8 +79,7 @@ class GraphRegistry:
         entries = self._entries(role, descriptor)
         if entries is None:
             entries = []
-            tokens = getattr(descriptor, "num_tokens", descriptor)
-            self._index.setdefault((role, tokens), []).append((descriptor, entries))
+            self._index.setdefault((role, _tokens(descriptor)), []).append((descriptor, entries))
         entries[:] = [e for e in entries if e[1]() is not None and e[0]() is not None]
         return entries
 
