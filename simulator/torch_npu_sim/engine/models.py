@@ -11,50 +11,15 @@ float rounding does not).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Bump when the way weights are drawn changes: cached models are rebuilt.
-RECIPE_VERSION = 1
-VOCAB = 1024
-HIDDEN = 128
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A tiny model: how to build it, from what config."""
-
-    name: str
-    #: Writes the model (config, weights) into an empty directory.
-    build: Callable[[ModelSpec, Path], None]
-    config: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    #: Standard deviation of the token embeddings (Gemma scales them up by sqrt(hidden) itself).
-    embed_std: float = 1.0
-    #: Scale of what each attention / MLP block adds to the residual stream (``o_proj``,
-    #: ``down_proj``): below 1, the current token weighs more in the next token's choice.
-    branch_scale: float = 1.0
-
-    def key(self) -> str:
-        recipe = json.dumps(
-            {
-                "v": RECIPE_VERSION,
-                "name": self.name,
-                "config": self.config,
-                "seed": self.seed,
-                "embed_std": self.embed_std,
-                "branch_scale": self.branch_scale,
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .step3p5_model import STEP3P5
 
 
 def cache_root() -> Path:
@@ -125,22 +90,7 @@ def seeded_weights(
 
 def _save(model: Any, directory: Path) -> None:
     model.save_pretrained(directory, safe_serialization=True)
-    _save_tokenizer(directory)
-
-
-def _save_tokenizer(directory: Path) -> None:
-    """A byte-level tokenizer (256 byte tokens, no merges): text prompts work offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    byte_chars = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
-    vocab["<eos>"] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
-    fast.save_pretrained(directory)
+    save_tokenizer(directory)
 
 
 def _build_hf(spec: ModelSpec, directory: Path) -> None:
@@ -393,15 +343,7 @@ MODELS: dict[str, ModelSpec] = {
                 **_DENSE,
             },
         ),
+        # Step3.5 with its two MTP layers (its own module: a MoE target, a multi-group draft).
+        STEP3P5,
     )
 }
-
-
-def _register_step3p5() -> None:
-    """Step3.5 with its MTP layers (its own module: a MoE target and a multi-group draft)."""
-    from .step3p5_model import STEP3P5
-
-    MODELS[STEP3P5.name] = STEP3P5
-
-
-_register_step3p5()

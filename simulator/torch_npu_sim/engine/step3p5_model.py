@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .models import HIDDEN, VOCAB, ModelSpec, _save_tokenizer
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 EXPERTS, MOE_INTER, INTER = 4, 64, 256
@@ -115,7 +115,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
         metadata={"format": "pt"},
     )
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    _save_tokenizer(directory)
+    save_tokenizer(directory)
 
 
 def _attention(prefix: str, matrix: Any, gemma_norm: Any, h: int, branch: float) -> dict:
