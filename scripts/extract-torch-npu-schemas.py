@@ -101,10 +101,11 @@ def _literal_list(source: str, name: str) -> list[str]:
 def wanted_ops() -> set[str]:
     """Op names (base, no overload) the simulator defines or vllm-ascend names on torch_npu."""
     sys.path[:0] = [str(REPO), str(REPO / "simulator")]
-    from torch_npu_sim import _install_impl, ops
+    from torch_npu_sim import _install_impl, mla_ops, model_ops, moe_ops, ops
 
     names = set(_install_impl._UNSIMULATED) | set(_install_impl._UNSIMULATED_HOST)
-    names |= {name.partition(".")[0] for name in ops.REFERENCE_OPS}
+    for table in (ops, model_ops, moe_ops, mla_ops):  # every op the simulator defines
+        names |= {name.partition(".")[0] for name in table.REFERENCE_OPS}
     spec = importlib.util.find_spec("vllm_ascend")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("vllm_ascend is not importable: run with the project's venv")

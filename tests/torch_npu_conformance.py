@@ -28,6 +28,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "torch_npu_2.10.0.post4
 #: graph path runs (capture wrapper, v1/v2 runners' update and graph context, draft proposer).
 CALL_SITE_FILES = (
     "attention/attention_v1.py",
+    "attention/mla_v1.py",
     "attention/utils.py",
     "device/device_op.py",
     "compilation/acl_graph.py",

@@ -396,10 +396,10 @@ def _empty_with_format(
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
     """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``,
-    ``moe_ops``)."""
-    from . import model_ops, moe_ops
+    ``moe_ops``, ``mla_ops``)."""
+    from . import mla_ops, model_ops, moe_ops
 
-    layers = {**model_ops.REFERENCE_OPS, **moe_ops.REFERENCE_OPS}
+    layers = {**model_ops.REFERENCE_OPS, **moe_ops.REFERENCE_OPS, **mla_ops.REFERENCE_OPS}
     try:
         from . import ops
     except ImportError:

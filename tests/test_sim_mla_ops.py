@@ -1,0 +1,363 @@
+"""The MLA / DeepSeek reference ops (``torch_npu_sim.mla_ops``) against float64 oracles.
+
+Each oracle is written another way than its reference: the interleaved RoPE as a complex
+rotation of the channel pairs, the KV write as per-token float64 RMSNorm plus that rotation, the
+batched matmul as an ``einsum``, the attention merge as attention over the whole key set, the
+router as DeepSeek-V3's grouped routing written per token, and MLA's decode attention (FIA v2 with
+the rope split, as ``AscendMLAImpl._forward_decode`` calls it, and its ``.out`` relaunch) as
+absorbed attention over the latent cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_npu_sim import mla_ops, moe_ops, ops
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _angles(positions: torch.Tensor, half: int) -> torch.Tensor:
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float64) / half))
+    return positions.double()[:, None] * freqs[None, :]
+
+
+def _cos_sin(positions: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vllm-ascend's MLA tables: each half of the rope width repeats the frequencies."""
+    theta = _angles(positions, half)
+    cos, sin = theta.cos().repeat(1, 2), theta.sin().repeat(1, 2)
+    return cos[:, None, None].float(), sin[:, None, None].float()  # (T, 1, 1, D)
+
+
+def rope_oracle(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Channels (2i, 2i+1) as one complex number, turned by the position's angle; the result
+    laid out as (real parts, imaginary parts), as the kernel writes it."""
+    half = x.shape[-1] // 2
+    pairs = torch.complex(x[..., ::2].double(), x[..., 1::2].double())
+    theta = _angles(positions, half).reshape(-1, *([1] * (x.dim() - 2)), half)
+    turned = pairs * torch.polar(torch.ones_like(theta), theta)
+    return torch.cat((turned.real, turned.imag), -1)
+
+
+def test_interleave_rope_matches_a_complex_rotation(gen: torch.Generator) -> None:
+    positions = torch.tensor([0, 3, 17, 250])
+    x = torch.randn(4, 2, 1, 16, generator=gen)  # (B, N, S, D) as rope_single passes it
+    cos, sin = _cos_sin(positions, 8)
+    out = mla_ops.npu_interleave_rope(x, cos, sin)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    torch.testing.assert_close(out.double(), rope_oracle(x, positions), atol=1e-5, rtol=1e-5)
+    # a relative rotation: the dot product of two rotated vectors depends on the position gap only
+    q, k = torch.randn(2, 1, 1, 16, generator=gen).unbind(0)
+    dots = []
+    for base in (0, 40):
+        c, s = _cos_sin(torch.tensor([base + 5, base]), 8)
+        turned = mla_ops.npu_interleave_rope(torch.stack([q, k]), c, s)
+        dots.append(float((turned[0] * turned[1]).sum()))
+    assert dots[0] == pytest.approx(dots[1], abs=1e-4)
+
+
+def _rms_oracle(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * gamma.double()
+
+
+def test_kv_rmsnorm_rope_cache_writes_both_caches_at_their_slots(gen: torch.Generator) -> None:
+    """PA mode, as AscendMLAImpl.exec_kv_decode calls it: latent normed into ``ckv_cache``, key
+    rope rotated into ``k_cache``, each token at its flat slot; a padded token (slot -1) is not
+    written; the caches are updated in place and returned."""
+    latent, rope, blocks, block_size = 24, 8, 3, 4
+    kv = torch.randn(3, 1, 1, latent + rope, generator=gen)
+    gamma = 1 + 0.1 * torch.randn(latent, generator=gen)
+    positions = torch.tensor([2, 9, 5])
+    cos, sin = _cos_sin(positions, rope // 2)
+    slots = torch.tensor([5, -1, 10])
+    k_cache = torch.full((blocks, block_size, 1, rope), 7.0)
+    ckv_cache = torch.full((blocks, block_size, 1, latent), 7.0)
+    got = mla_ops.npu_kv_rmsnorm_rope_cache(
+        kv, gamma, cos, sin, slots, k_cache, ckv_cache, epsilon=1e-6, cache_mode="PA"
+    )
+    assert got[0] is k_cache and got[1] is ckv_cache
+    assert got[2].numel() == got[3].numel() == 0  # no is_output_kv: nothing else returned
+    flat_k, flat_c = k_cache.view(-1, rope), ckv_cache.view(-1, latent)
+    want_c = _rms_oracle(kv[:, 0, 0, :latent], gamma, 1e-6)
+    want_k = rope_oracle(kv[:, :, :, latent:], positions)[:, 0, 0]
+    for token, slot in ((0, 5), (2, 10)):
+        torch.testing.assert_close(flat_c[slot].double(), want_c[token], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(flat_k[slot].double(), want_k[token], atol=1e-5, rtol=1e-5)
+    untouched = [s for s in range(blocks * block_size) if s not in (5, 10)]
+    assert bool((flat_c[untouched] == 7.0).all()) and bool((flat_k[untouched] == 7.0).all())
+
+
+def test_kv_rmsnorm_rope_cache_returns_the_values_for_prefill(gen: torch.Generator) -> None:
+    """``is_output_kv`` (exec_kv_prefill): the rotated rope and the normed latent come back as
+    ``(B, N, S, D)``; ``Norm`` mode writes per-batch offsets."""
+    kv = torch.randn(2, 1, 3, 12, generator=gen)
+    gamma = torch.ones(8)
+    positions = torch.tensor([0, 1, 2])
+    cos, sin = (t.reshape(1, 1, 3, 4) for t in _cos_sin(positions, 2))
+    k_cache, ckv_cache = torch.zeros(2, 1, 6, 4), torch.zeros(2, 1, 6, 8)
+    offsets = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    _, _, k_rope, c_kv = mla_ops.npu_kv_rmsnorm_rope_cache(
+        kv, gamma, cos, sin, offsets, k_cache, ckv_cache, cache_mode="Norm", is_output_kv=True
+    )
+    assert k_rope.shape == (2, 1, 3, 4) and c_kv.shape == (2, 1, 3, 8)
+    torch.testing.assert_close(
+        c_kv.double(), _rms_oracle(kv[..., :8], gamma, 1e-5), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(ckv_cache[1, 0, 3:6], c_kv[1, 0])
+    torch.testing.assert_close(k_cache[0, 0, 0:3], k_rope[0, 0])
+
+
+@pytest.mark.parametrize("quantised", ["c_kv_scale", "v"])
+def test_kv_rmsnorm_rope_cache_quantised_variant_is_named_not_simulated(quantised: str) -> None:
+    kv = torch.zeros(1, 1, 1, 12)
+    with pytest.raises(NotImplementedError, match="quantised"):
+        mla_ops.npu_kv_rmsnorm_rope_cache(
+            kv,
+            torch.ones(8),
+            torch.ones(1, 1, 1, 4),
+            torch.zeros(1, 1, 1, 4),
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, 4, 1, 4),
+            torch.zeros(1, 4, 1, 8),
+            cache_mode="PA",
+            **{quantised: torch.ones(8)},
+        )
+
+
+def test_transpose_batchmatmul_matches_einsum(gen: torch.Generator) -> None:
+    """MLA's value up-projection ``(N, B, L) x (N, L, V) -> (B, N, V)`` (perm_y [1, 0, 2]), a
+    transposed first input, and a split of the output's last dimension."""
+    x, w = torch.randn(4, 3, 16, generator=gen), torch.randn(4, 16, 8, generator=gen)
+    out = mla_ops.npu_transpose_batchmatmul(x, w, perm_y=(1, 0, 2))
+    want = torch.einsum("nbl,nlv->bnv", x.double(), w.double())
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    m_first = torch.randn(3, 4, 16, generator=gen)  # (M, B, K)
+    out = mla_ops.npu_transpose_batchmatmul(m_first, w, perm_x1=(1, 0, 2), perm_y=(1, 0, 2))
+    want = torch.einsum("mbk,bkn->mbn", m_first.double(), w.double())
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    split = mla_ops.npu_transpose_batchmatmul(m_first, w, perm_x1=(1, 0, 2), batch_split_factor=2)
+    assert split.shape == (2, 3, 16)
+    torch.testing.assert_close(
+        split.transpose(0, 1).reshape(3, 32).double(), want.reshape(3, 32), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_attention_update_merges_partial_attention_into_the_whole(gen: torch.Generator) -> None:
+    """Attention over three chunks of keys, each with its LSE, merged, equals attention over all
+    keys (what a long prefill's context chunks rely on); a row no chunk saw stays zero."""
+    rows, keys, d = 5, 12, 6
+    scores = torch.randn(rows, keys, generator=gen, dtype=torch.float64)
+    values = torch.randn(keys, d, generator=gen, dtype=torch.float64)
+    whole = torch.softmax(scores, -1) @ values
+    outs, lses = [], []
+    for part in torch.tensor_split(torch.arange(keys), 3):
+        s = scores[:, part]
+        outs.append((torch.softmax(s, -1) @ values[part]).float())
+        lses.append(torch.logsumexp(s, -1).float())
+    merged, lse = mla_ops.npu_attention_update(lses, outs, 0)
+    torch.testing.assert_close(merged.double(), whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
+    empty = [torch.full((rows,), float("-inf"))] * 2
+    zeros, _ = mla_ops.npu_attention_update(empty, [torch.ones(rows, d)] * 2, 0)
+    assert bool((zeros == 0).all())
+
+
+def deepseek_routing_oracle(
+    logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int, k_group: int, scale: float
+) -> list[dict[int, float]]:
+    """DeepSeek-V3's router per token: sigmoid scores, groups ranked by the sum of their two
+    best biased scores, experts outside the best ``k_group`` groups masked, top-k by biased score,
+    weights the unbiased scores renormalised and scaled."""
+    out = []
+    per_group = logits.shape[1] // groups
+    for row in logits.double().tolist():
+        scores = [1 / (1 + math.exp(-v)) for v in row]
+        biased = [s + float(b) for s, b in zip(scores, bias.tolist(), strict=True)]
+        rank = []
+        for g in range(groups):
+            members = sorted(biased[g * per_group : (g + 1) * per_group], reverse=True)
+            rank.append((members[0] + members[1], g))
+        kept = {g for _, g in sorted(rank, reverse=True)[:k_group]}
+        allowed = [e for e in range(len(row)) if e // per_group in kept]
+        chosen = sorted(allowed, key=lambda e: -biased[e])[:k]
+        total = sum(scores[e] for e in chosen)
+        out.append({e: scores[e] / total * scale for e in chosen})
+    return out
+
+
+def test_moe_gating_top_k_routes_as_deepseek_v3(gen: torch.Generator) -> None:
+    logits = torch.randn(9, 8, generator=gen)
+    bias = 0.5 * torch.randn(8, generator=gen)
+    weights, ids, scores = mla_ops.npu_moe_gating_top_k(
+        logits,
+        2,
+        bias=bias,
+        k_group=1,
+        group_count=2,
+        group_select_mode=1,
+        norm_type=1,
+        out_flag=True,
+        routed_scaling_factor=2.5,
+        eps=0.0,
+    )
+    assert ids.dtype == torch.int32 and scores.dtype == torch.float32
+    torch.testing.assert_close(scores.double(), torch.sigmoid(logits.double()), atol=1e-6, rtol=0)
+    want = deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5)
+    for r in range(9):
+        got = dict(zip(ids[r].tolist(), weights[r].tolist(), strict=True))
+        assert set(got) == set(want[r])
+        for e, w in want[r].items():
+            assert got[e] == pytest.approx(w, abs=1e-5)
+    # the grouping decides: without it some token picks experts from both groups
+    _, free, _ = mla_ops.npu_moe_gating_top_k(logits, 2, bias=bias, norm_type=1)
+    assert any(len({e // 4 for e in row}) == 2 for row in free.tolist())
+    # the A2 device's _C_ascend router (renorm 1) routes the same tokens the same way
+    a2, a2_ids, _ = moe_ops.moe_gating_top_k(
+        logits, 2, 1, 2, 1, renorm=1, norm_type=1, routed_scaling_factor=2.5, eps=0.0, bias_opt=bias
+    )
+    assert torch.equal(a2_ids, ids) and torch.equal(a2, weights)
+    with pytest.raises(NotImplementedError, match="renorm"):
+        mla_ops.npu_moe_gating_top_k(logits, 2, renorm=1)
+
+
+# --- MLA decode attention: FIA v2 with the rope split --------------------------------------------
+
+
+def _latent_cache(gen: torch.Generator, lengths: list[int], latent: int, rope: int, bs: int):
+    """A paged latent cache as AscendMLAImpl views it: ``(blocks, 1, bs, D)``, one block table
+    row per request, blocks handed out shuffled."""
+    per = [-(-n // bs) for n in lengths]
+    order = torch.randperm(sum(per) + 1, generator=gen)
+    table = torch.zeros(len(lengths), max(per), dtype=torch.int32)
+    start = 0
+    for r, n in enumerate(per):
+        table[r, :n] = order[start : start + n]
+        start += n
+    blocks = sum(per) + 1
+    return (
+        torch.randn(blocks, 1, bs, latent, generator=gen),
+        torch.randn(blocks, 1, bs, rope, generator=gen),
+        table,
+    )
+
+
+def _latent_rows(cache: torch.Tensor, table: torch.Tensor, request: int, n: int) -> torch.Tensor:
+    bs = cache.shape[2]
+    return torch.stack([cache[int(table[request, j // bs]), 0, j % bs] for j in range(n)]).double()
+
+
+def mla_oracle(q_nope, q_pe, k_nope, k_pe, table, lengths, scale, causal_rows=None):
+    """Absorbed MLA attention per request and head over the latent rows: scores
+    ``q_nope . c + q_pe . k_pe``, values ``c``; with ``causal_rows`` r query rows, row i sees
+    the keys up to ``length - r + i``."""
+    outs = []
+    for request, n in enumerate(lengths):
+        c = _latent_rows(k_nope, table, request, n)
+        kr = _latent_rows(k_pe, table, request, n)
+        rows = [] if causal_rows is None else range(causal_rows)
+        queries = (
+            [(q_nope[request], q_pe[request], n)]
+            if causal_rows is None
+            else [
+                (
+                    q_nope[request * causal_rows + i],
+                    q_pe[request * causal_rows + i],
+                    n - causal_rows + i + 1,
+                )
+                for i in rows
+            ]
+        )
+        for qn, qr, visible in queries:
+            s = (qn.double() @ c[:visible].T + qr.double() @ kr[:visible].T) * scale
+            outs.append(torch.softmax(s, -1) @ c[:visible])  # (heads, latent)
+    return torch.stack(outs)
+
+
+def test_mla_decode_attention_and_its_relaunch_match_absorbed_attention(gen) -> None:
+    """BNSD_NBSD (a plain target's decode), then the same launch through ``.out`` into the
+    graph's buffers with the workspace the getter sizes: equal outputs."""
+    heads, latent, rope, bs, scale = 4, 32, 8, 8, 0.3
+    lengths = [5, 17, 1]
+    k_nope, k_pe, table = _latent_cache(gen, lengths, latent, rope, bs)
+    q_nope = torch.randn(3, heads, 1, latent, generator=gen)
+    q_pe = torch.randn(3, heads, 1, rope, generator=gen)
+    kwargs = dict(
+        query_rope=q_pe,
+        key_rope=k_pe,
+        num_query_heads=heads,
+        num_key_value_heads=1,
+        input_layout="BNSD_NBSD",
+        atten_mask=None,
+        sparse_mode=0,
+        softmax_scale=scale,
+        block_table=table,
+        block_size=bs,
+        actual_seq_qlen=None,
+        actual_seq_kvlen=lengths,
+    )
+    out, _ = ops.npu_fused_infer_attention_score_v2(q_nope, k_nope, k_nope, **kwargs)
+    assert out.shape == (heads, 3, 1, latent)  # NBSD: heads first, as _v_up_proj reads it
+    want = mla_oracle(q_nope[:, :, 0], q_pe[:, :, 0], k_nope, k_pe, table, lengths, scale)
+    torch.testing.assert_close(out[:, :, 0].transpose(0, 1).double(), want, atol=1e-5, rtol=1e-5)
+    workspace = ops._npu_fused_infer_attention_score_v2_get_max_workspace(
+        q_nope, k_nope, k_nope, **kwargs
+    )
+    buffer, lse = torch.full_like(out, float("nan")), torch.empty(3)
+    ops.npu_fused_infer_attention_score_v2_out(
+        q_nope, k_nope, k_nope, **kwargs, workspace=workspace, out=[buffer, lse]
+    )
+    torch.testing.assert_close(buffer, out)
+
+
+def test_mla_spec_decode_attention_is_causal_within_a_request(gen) -> None:
+    """TND_NTD with cumulative query ends (an MTP target: k + 1 = 2 rows per request, sparse
+    mode 3): each row sees the keys up to its own position; output heads first (NTD)."""
+    heads, latent, rope, bs, scale, rows = 2, 16, 8, 8, 0.25, 2
+    lengths = [6, 11]
+    k_nope, k_pe, table = _latent_cache(gen, lengths, latent, rope, bs)
+    q_nope = torch.randn(4, heads, latent, generator=gen)
+    q_pe = torch.randn(4, heads, rope, generator=gen)
+    out, _ = ops.npu_fused_infer_attention_score_v2(
+        q_nope,
+        k_nope,
+        k_nope,
+        query_rope=q_pe,
+        key_rope=k_pe,
+        num_query_heads=heads,
+        num_key_value_heads=1,
+        input_layout="TND_NTD",
+        sparse_mode=3,
+        softmax_scale=scale,
+        block_table=table,
+        block_size=bs,
+        actual_seq_qlen=[2, 4],
+        actual_seq_kvlen=lengths,
+    )
+    assert out.shape == (heads, 4, latent)
+    want = mla_oracle(q_nope, q_pe, k_nope, k_pe, table, lengths, scale, causal_rows=rows)
+    torch.testing.assert_close(out.transpose(0, 1).double(), want, atol=1e-5, rtol=1e-5)
+    # a stale kv length (the newest key missing) changes the answer: the relaunch must rebind it
+    stale, _ = ops.npu_fused_infer_attention_score_v2(
+        q_nope,
+        k_nope,
+        k_nope,
+        query_rope=q_pe,
+        key_rope=k_pe,
+        num_query_heads=heads,
+        num_key_value_heads=1,
+        input_layout="TND_NTD",
+        sparse_mode=3,
+        softmax_scale=scale,
+        block_table=table,
+        block_size=bs,
+        actual_seq_qlen=[2, 4],
+        actual_seq_kvlen=[5, 10],
+    )
+    assert not torch.allclose(stale, out)
