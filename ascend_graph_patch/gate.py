@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascend_graph_patch.aspects import ASPECTS
+from ascend_graph_patch.aspects import present
 from ascend_graph_patch.lines import LINES, Line, installed_version
 from ascend_graph_patch.lines.base import Check
 
@@ -53,9 +53,10 @@ def candidate_line(lines: tuple[Line, ...] | None = None) -> Line:
 
 
 def checks(line: Line, group: str) -> list[Check]:
-    """What must hold for ``group`` on ``line``: each aspect's seam, then the fingerprints."""
+    """What must hold for ``group`` on ``line``: each aspect's seam (those the line has), then
+    the fingerprints."""
     found: list[Check] = []
-    for aspect in ASPECTS:
+    for aspect in present(line):
         if aspect.group != group:
             continue
         seam = line.seams[aspect.seam]

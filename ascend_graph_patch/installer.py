@@ -24,7 +24,7 @@ from typing import Any
 import wrapt
 
 from ascend_graph_patch import gate, settings, state
-from ascend_graph_patch.aspects import ASPECTS, VERIFY, groups
+from ascend_graph_patch.aspects import ASPECTS, VERIFY, groups, present
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.lines.base import Interceptor, Line
 
@@ -154,7 +154,7 @@ def install_group(installation: _Installation, group: str) -> None:
         shared.ACTIVE = shared.ACTIVE or shared.Active(
             line=verdict.line, mode=mode, strict=settings.strict()
         )
-        for aspect in ASPECTS:
+        for aspect in present(verdict.line):
             if aspect.group != group or mode not in aspect.modes:
                 continue
             if settings.ALL_ASPECTS in disabled or aspect.name.lower() in disabled:

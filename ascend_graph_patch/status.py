@@ -73,17 +73,13 @@ def loader_warnings(environ: dict[str, str] | None = None) -> list[str]:
 
 
 def _check_now() -> None:
-    """Import the v1 seams here so the gate runs in this process (``status --check``)."""
-    from ascend_graph_patch import activation
+    """Import the line's seam modules here so the gate runs in this process (``status
+    --check``); the line lists them in an order that imports."""
+    from ascend_graph_patch import activation, gate
 
     mode = settings.mode()
     activation.enable(mode if mode != settings.OFF else settings.OBSERVE)
-    # vllm_ascend.ops first: importing attention_v1 first hits a circular import.
-    for name in (
-        "vllm_ascend.ops",
-        "vllm_ascend.attention.attention_v1",
-        "vllm_ascend.compilation.acl_graph",
-    ):
+    for name in gate.candidate_line().check_imports:
         importlib.import_module(name)
 
 

@@ -16,7 +16,7 @@ import wrapt
 
 from ascend_graph_patch import activation, gate, state
 from ascend_graph_patch.aspects import ASPECTS, groups
-from ascend_graph_patch.core.kinds import FIA
+from ascend_graph_patch.core.kinds import FIA, MLA
 from ascend_graph_patch.lines import LINES
 from ascend_graph_patch.lines.v0_23 import LINE as V0_23
 from tests.overlay_support import assert_bitwise, overlay_arm
@@ -58,12 +58,85 @@ def installed_as_synthetic(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_every_aspect_names_a_seam_of_the_line() -> None:
+    """A line has each aspect's seam or declares it absent, with why; each layout's capture
+    seam is one it has."""
     for line in LINES:
         for aspect in ASPECTS:
-            assert aspect.seam in line.seams, (line.name, aspect.name)
+            assert aspect.seam in line.seams or line.absent.get(aspect.seam), (line.name, aspect)
         for layout in line.layouts.values():
             assert layout.capture_seam in line.seams
-        assert set(groups(line)) == {a.group for a in ASPECTS}
+        assert set(groups(line)) == {a.group for a in ASPECTS if line.has(a.seam)}
+
+
+def without_mla(line: Any) -> Any:
+    """A release without MLA (say an older line): its seams declared absent, no MLA layout."""
+    mla = {key for key in line.seams if key.startswith("mla.")}
+    return dataclasses.replace(
+        line,
+        seams={k: v for k, v in line.seams.items() if k not in mla},
+        absent=dict.fromkeys(mla, "this release has no MLA backend"),
+        layouts={k: v for k, v in line.layouts.items() if k != MLA},
+        fingerprints={k: v for k, v in line.fingerprints.items() if k != "mla"},
+    )
+
+
+def test_a_line_may_declare_a_seam_absent(seams, installed_as_synthetic) -> None:
+    """The MLA aspects are left out on a release without MLA: no ``mla`` group to wait for, the
+    v1 group installs as before, and stock's FIA graphs are still owned."""
+    line = without_mla(synthetic_line())
+    assert "mla" not in groups(line) and "mla" in groups(V0_23)
+    installed_as_synthetic(line)
+    arm = overlay_arm("dense_gqa", "on", steps=4)
+    assert arm.snapshot["gate"]["v1"]["verdict"] == "supported"
+    assert "mla" not in arm.snapshot["gate"]
+    assert {"attention.mla", "replay.mla"}.isdisjoint(arm.snapshot["aspects_installed"])
+    assert "replay.update" in arm.snapshot["aspects_installed"]
+    assert arm.counters["updates.owned"] == 4
+
+
+def test_a_seam_neither_present_nor_declared_absent_is_an_error() -> None:
+    """Negative control for the test above: leaving a seam out without saying so is a line bug,
+    caught where the line is read (not silently skipped)."""
+    line = without_mla(V0_23)
+    silent = dataclasses.replace(line, absent={})
+    with pytest.raises(KeyError, match="mla.forward_decode"):
+        groups(silent)
+    assert "mla" not in groups(line)
+
+
+def test_a_graph_holding_an_impl_left_to_stock_is_refused_with_the_lines_reason(
+    seams, installed_as_synthetic
+) -> None:
+    """A line names impl classes whose graphs it leaves to stock (context-parallel, SFA, DSA):
+    here, on a synthetic line, the backend's own impl. Every graph is then refused with that
+    reason, visible in ``status``, and stock updates them: tokens equal stock's."""
+    from ascend_graph_patch.lines.base import LeftToStock
+
+    stock = overlay_arm("dense_gqa", "off", steps=6)
+    reason = "synthetic: this impl's graphs are stock's"
+    left = LeftToStock(
+        V0_23.seams["attention.full_graph_fia"].module, "AscendAttentionBackendImpl", reason
+    )
+    installed_as_synthetic(dataclasses.replace(synthetic_line(), left_to_stock=(left,)))
+    arm = overlay_arm("dense_gqa", "on", steps=6)
+    assert arm.refused and set(arm.refused.values()) == {reason}
+    assert reason in set(arm.snapshot["graphs_refused"].values())
+    assert arm.snapshot["graphs_owned"] == 0 and "updates.owned" not in arm.counters
+    assert arm.counters["updates.stock.unowned"] == 6
+    assert_bitwise(arm, stock)
+
+
+def test_the_release_leaves_context_parallel_sfa_and_dsa_to_stock_by_name() -> None:
+    """What 0.23 leaves to stock, resolvable classes each (a rename on the release would make
+    the refusal silent: the class would no longer be found)."""
+    import importlib
+
+    names = {entry.qualname for entry in V0_23.left_to_stock}
+    assert names == {"AscendMlaCPImpl", "AscendAttentionCPImpl", "AscendSFAImpl", "AscendDSAImpl"}
+    importlib.import_module("vllm_ascend.ops")
+    for entry in V0_23.left_to_stock:
+        module = importlib.import_module(entry.module)
+        assert isinstance(getattr(module, entry.qualname), type), entry
 
 
 def test_the_gate_derives_its_checks_from_the_aspect_table() -> None:

@@ -316,16 +316,20 @@ def test_draft_step_follows_the_proposers_shapes(
     shape: str, expected: int | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At capture a draft task's step is the entry the proposer made current; the entry must
-    list the task's key with one metadata object, or the graph is refused (and goes to stock)."""
+    list the task's key with one metadata object, or the graph is refused (and goes to stock).
+    Which shapes the proposers pass is the line's rule (``Line.draft_step``)."""
     from types import SimpleNamespace
 
     from ascend_graph_patch.aspects import attention
+    from ascend_graph_patch.aspects import scope as shared
     from ascend_graph_patch.core.graph import CaptureRefused
     from ascend_graph_patch.core.kinds import DRAFT, TARGET
+    from ascend_graph_patch.lines.v0_23 import LINE
 
     per_step, current, key = _shapes()[shape]
     context = SimpleNamespace(draft_attn_metadatas=per_step, attn_metadata=per_step[current])
     monkeypatch.setattr(attention, "get_forward_context", lambda: context)
+    monkeypatch.setattr(shared, "ACTIVE", shared.Active(line=LINE, mode="on"))
     assert attention._draft_step(TARGET, key) == 0
     if isinstance(expected, int):
         assert attention._draft_step(DRAFT, key) == expected

@@ -21,7 +21,7 @@ from ascend_graph_patch.core.providers import LengthsWorkspaceProvider, pa_signa
 from ascend_graph_patch.core.tasks import fields_of
 from ascend_graph_patch.lines import v0_23
 from tests import torch_npu_conformance as conf
-from torch_npu_sim import _install_impl, atb, ops, runtime
+from torch_npu_sim import _install_impl, atb, mla_ops, model_ops, moe_ops, ops, runtime
 
 # Real API the simulator does not offer, and why (vllm-ascend 0.23 never calls any of them).
 NOT_SIMULATED = {
@@ -73,7 +73,12 @@ def test_fixture_names_its_wheel_and_the_simulator_reports_its_version() -> None
 
 
 def _simulated_ops() -> dict[str, Any]:
-    table = dict(ops.REFERENCE_OPS)
+    table = {
+        **ops.REFERENCE_OPS,
+        **model_ops.REFERENCE_OPS,
+        **moe_ops.REFERENCE_OPS,
+        **mla_ops.REFERENCE_OPS,
+    }
     table["get_npu_format"] = _install_impl._get_npu_format
     table["npu_format_cast"] = _install_impl._npu_format_cast
     table["empty_with_format"] = _install_impl._empty_with_format
@@ -289,13 +294,20 @@ _TEMPLATES = {
         {"sliding_window": 128},
     ),
     "pa": (v0_23.pa_template, "atb::_npu_paged_attention", {}),
+    "mla": (
+        v0_23.mla_template,
+        "npu::npu_fused_infer_attention_score_v2.out",
+        {"dequant_scale_q_nope": None},
+    ),
+    "mla_quant": (v0_23.mla_template, "npu::npu_fused_infer_attention_score_v2.out", {}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(_TEMPLATES))
 def test_relaunch_template_binds_to_the_real_schema(case: str) -> None:
     template, key, overrides = _TEMPLATES[case]
-    layout = {v0_23.fia_template: "fia", v0_23.fia_v2_template: "fia_v2"}.get(template, "pa")
+    kinds = {v0_23.fia_template: "fia", v0_23.fia_v2_template: "fia_v2", v0_23.mla_template: "mla"}
+    layout = kinds.get(template, "pa")
     c8 = {"c8_k_aq_scale": overrides.get("c8_k_aq_scale")} if layout == "fia" else {}
     fields = _fields(v0_23.LAYOUTS[layout], **{"sliding_window": None, **overrides, **c8})
     kwargs = template(fields, SimpleNamespace(SWA_INT_MAX=2147483647))

@@ -14,13 +14,11 @@ from typing import Any
 
 import wrapt
 
-#: Entry points timed in vLLM: every module that imported ``update_full_graph_params`` by name.
-VLLM_TARGETS: tuple[str, ...] = (
-    "vllm_ascend.worker.model_runner_v1:update_full_graph_params",
-    "vllm_ascend.spec_decode.llm_base_proposer:update_full_graph_params",
-    "vllm_ascend.worker.v2.aclgraph_utils:update_full_graph_params",
-    "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph:update_full_graph_params",
-)
+from ascend_graph_patch import gate
+
+#: Entry points timed in vLLM: every module that imported ``update_full_graph_params`` by name,
+#: as the release line lists them (the matching line, else the newest known).
+VLLM_TARGETS: tuple[str, ...] = gate.candidate_line().update_entry_points
 
 
 class UpdateTimer:

@@ -68,6 +68,22 @@ ASPECTS: tuple[Aspect, ...] = (
         f"{_A}.replay:update_graph_params",
         "update owned graphs from their own tasks; everything else goes to stock",
     ),
+    # --- MLA (DeepSeek V3 / R1, Kimi K2, GLM-4.7-Flash and their MTP drafts): its own capture
+    # and update seams; graph capture and replay are v1's wrappers, so the group adds two ---
+    Aspect(
+        "attention.mla",
+        "mla",
+        "mla.forward_decode",
+        f"{_A}.attention:mla_task",
+        "register the MLA task group the stock decode capture just created",
+    ),
+    Aspect(
+        "replay.mla",
+        "mla",
+        "mla.update_graph_params",
+        f"{_A}.replay:update_graph_params",
+        "update owned MLA graphs from their own tasks; everything else goes to stock",
+    ),
     # --- model runner v2 (VLLM_USE_V2_MODEL_RUNNER); attention and update seams are v1's ---
     Aspect(
         "capture.v2.graph",
@@ -118,10 +134,15 @@ ASPECTS: tuple[Aspect, ...] = (
 )
 
 
+def present(line: Line) -> tuple[Aspect, ...]:
+    """The aspects whose seam ``line`` has (a release may declare a seam absent)."""
+    return tuple(aspect for aspect in ASPECTS if line.has(aspect.seam))
+
+
 def groups(line: Line) -> dict[str, tuple[str, ...]]:
     """Aspect group -> the modules (from ``line``'s seams) that must load before it installs."""
     out: dict[str, tuple[str, ...]] = {}
-    for aspect in ASPECTS:
+    for aspect in present(line):
         module = line.seams[aspect.seam].module
         mods = out.setdefault(aspect.group, ())
         if module not in mods:
@@ -129,4 +150,14 @@ def groups(line: Line) -> dict[str, tuple[str, ...]]:
     return out
 
 
-__all__ = ["ALL_MODES", "ASPECTS", "OBSERVE", "ON", "UPSTREAM", "VERIFY", "Aspect", "groups"]
+__all__ = [
+    "ALL_MODES",
+    "ASPECTS",
+    "OBSERVE",
+    "ON",
+    "UPSTREAM",
+    "VERIFY",
+    "Aspect",
+    "groups",
+    "present",
+]

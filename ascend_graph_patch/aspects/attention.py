@@ -1,71 +1,46 @@
 """Attention aspects: note each task group the stock capture creates; own them as the graph closes.
 
-The stock capture code runs unchanged. Each call of a backend capture method (``full_graph_fia``
-/ ``_fia_v2`` / ``_pa``) inside a capture scope is noted with what only that moment knows: the
-impl making it (whose layer gives the metadata key, ``kv_sharing_target_layer_name or
-layer_name``, as stock's ``_graph_metadata_layer_name``; vLLM registers every attention layer, by
-name, in the forward context's ``no_compile_layers``, and each layer has its own impl), the size,
-and in a draft graph the step, recovered by identity: the proposer sets
-``forward_context.attn_metadata`` to ``draft_attn_metadatas[step]`` before each step, and the
-shape of that entry is checked (``_draft_step``).
+The stock capture code runs unchanged. Each call of a capture method (the backend's
+``full_graph_fia`` / ``_fia_v2`` / ``_pa``, MLA's ``_forward_decode``) inside a capture scope is
+noted with what only that moment knows: the impl making it (whose layer gives the metadata key,
+by the line's rule; vLLM registers every attention layer, by name, in the forward context's
+``no_compile_layers``, and each layer has its own impl), the size, and in a draft graph the step's
+metadata the proposer made current, from which the line's rule recovers the step.
 
 When the graph's capture ends, each call owns the one entry (captured tuple, handle, event) it
 appended to a ``GraphParams``, and the notes become tasks (``core.tasks``) in one pass
-(:func:`own_tasks`): between two layers of a capture the overlay only appends a note.
+(:func:`own_tasks`): between two layers of a capture the overlay only appends a note. What a
+release captures and how its proposers pass draft metadata is the line's (``lines/``); nothing
+here imports vllm-ascend.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch_npu
-import vllm_ascend.ops  # noqa: F401  (first: attention_v1 first is a circular import)
 from vllm.forward_context import get_forward_context
-from vllm_ascend.attention import attention_v1
 
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.core.graph import CaptureRefused
-from ascend_graph_patch.core.kinds import FIA, FIA_V2, PA, TARGET
+from ascend_graph_patch.core.kinds import FIA, FIA_V2, MLA, PA, TARGET
 from ascend_graph_patch.core.tasks import build_task
-from ascend_graph_patch.lines.base import TaskLayout
+from ascend_graph_patch.lines.base import Line, TaskLayout
 
 
 def _draft_step(role: str, metadata_key: str, seen: tuple[Any, Any] | None = None) -> int:
-    """The draft step whose metadata the task being captured reads, checked against what the
-    proposer passes (``draft_attn_metadatas``, one dict per step).
-
-    Both shapes the proposers of this line pass are understood: the generic proposer's (each
-    step's dict maps every draft layer to one metadata object) and Step3.5 MTP's (one dict per
-    KV-cache group, the group whose layer runs at that step, mapping its layers to the group's
-    object). In both, the layer reads the dict the proposer made current for the step
-    (``forward_context.attn_metadata``), which lists the layer's key, with one metadata object.
-    Anything else (a step's dict holding several objects, the key absent) is a shape no proposer
-    of this line produces: the graph is refused, and so left to stock, with the reason.
+    """The draft step the task being captured reads (0 for a target graph), by the line's rule.
 
     ``seen``: (per-step list, current metadata) as the task's capture call saw them (default:
     the forward context's now).
     """
     if role == TARGET:
         return 0
+    assert shared.ACTIVE is not None
     per_step, current = _draft_context() if seen is None else seen
-    if not per_step:
-        return 0  # single-step drafts (v2 draft prefill)
-    steps = [i for i, metadata in enumerate(per_step) if metadata is current]
-    if len(steps) != 1:
-        raise CaptureRefused(f"draft step not recoverable ({len(steps)} matches)")
-    step = steps[0]
-    if not isinstance(current, dict) or metadata_key not in current:
-        raise CaptureRefused(
-            f"draft metadata shape not understood: step {step} does not list {metadata_key!r}"
-        )
-    objects = len({id(metadata) for metadata in current.values()})
-    if objects != 1:
-        raise CaptureRefused(
-            f"draft metadata shape not understood: step {step} holds {objects} metadata objects "
-            "(each proposer of this line passes one per step)"
-        )
-    return step
+    return shared.ACTIVE.line.draft_step(metadata_key, per_step, current)
 
 
 def _draft_context() -> tuple[Any, Any]:
@@ -121,6 +96,11 @@ def _appended(scope: shared.CaptureScope, num_tokens: int, calls: int) -> tuple[
     )
 
 
+def _module_of(line: Line, layout: TaskLayout) -> Any:
+    """The module whose constants a layout's template reads: its capture seam's."""
+    return sys.modules[line.seams[layout.capture_seam].module]
+
+
 def own_tasks(scope: shared.CaptureScope) -> None:
     """Turn what the graph's capture appended into its tasks, in one pass after the capture.
 
@@ -131,8 +111,11 @@ def own_tasks(scope: shared.CaptureScope) -> None:
     noted, scope.calls = scope.calls, []
     if not noted:
         return
+    assert shared.ACTIVE is not None
+    line = shared.ACTIVE.line
     graph = scope.graph
     names = layer_names(scope.layers or {})
+    modules: dict[str, Any] = {}
     by_size: dict[int, list[tuple]] = {}
     for call in noted:
         by_size.setdefault(call[2], []).append(call)
@@ -146,13 +129,16 @@ def own_tasks(scope: shared.CaptureScope) -> None:
             layer_name = names.get(id(impl))
             if layer_name is None:
                 raise CaptureRefused(_unknown_layer(names, impl))
-            metadata_key = impl.kv_sharing_target_layer_name or layer_name
+            metadata_key = line.metadata_key(impl, layer_name)
+            module = modules.get(layout.kind)
+            if module is None:
+                module = modules[layout.kind] = _module_of(line, layout)
             graph.add(
                 build_task(
                     layout,
                     captured[index],
                     runtime=torch_npu,
-                    attn_module=attention_v1,
+                    attn_module=module,
                     role=graph.role,
                     layer_name=layer_name,
                     metadata_key=metadata_key,
@@ -161,6 +147,8 @@ def own_tasks(scope: shared.CaptureScope) -> None:
                     event=events[index],
                     graph_workspace=workspace,
                     shared=shared_memo,
+                    num_tokens=num_tokens,
+                    impl=impl,
                 )
             )
 
@@ -193,3 +181,4 @@ def _task_aspect(kind: str) -> Callable:
 fia_task = _task_aspect(FIA)
 fia_v2_task = _task_aspect(FIA_V2)
 pa_task = _task_aspect(PA)
+mla_task = _task_aspect(MLA)

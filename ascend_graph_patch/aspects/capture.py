@@ -2,12 +2,14 @@
 
 Tasks registered inside the scope belong to the graph being captured. At the end the graph is owned
 only if every task group the stock capture appended to `GraphParams` was registered; anything else
-(MLA, context-parallel, an unknown op) leaves the whole graph to stock. PIECEWISE wrappers also set
-`forward_context.capturing`, hence the explicit FULL filter.
+(an op the overlay does not know) leaves the whole graph to stock, and a graph holding an impl the
+line leaves to stock (context-parallel, SFA, DSA) is refused with the line's reason. PIECEWISE
+wrappers also set `forward_context.capturing`, hence the explicit FULL filter.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from vllm.config import CUDAGraphMode
@@ -60,11 +62,41 @@ def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
     )
 
 
+def left_to_stock(scope: shared.CaptureScope) -> str | None:
+    """Why the graph is stock's when one of its layers is an impl the line leaves to stock
+    (context-parallel, SFA, DSA: their own capture and update paths, or nothing to update);
+    None otherwise. Read once per graph, from the layers the forward context registers."""
+    assert shared.ACTIVE is not None
+    kinds = [
+        (cls, entry.reason)
+        for entry in shared.ACTIVE.line.left_to_stock
+        if (cls := getattr(sys.modules.get(entry.module), entry.qualname, None)) is not None
+    ]
+    if not kinds:  # none of those modules loaded: no such impl can exist
+        return None
+    layers = scope.layers
+    if layers is None:
+        try:
+            layers = get_forward_context().no_compile_layers
+        except Exception:  # no forward context (a harness): nothing registered to inspect
+            return None
+    for layer in layers.values():
+        impl = getattr(layer, "impl", None)
+        for cls, reason in kinds:
+            if isinstance(impl, cls):
+                return reason
+    return None
+
+
 def own_captured(scope: shared.CaptureScope) -> None:
     """Turn the attention calls the capture noted into the graph's tasks, as it ends (any
     misfit or error refuses the graph, with the reason)."""
     if scope.failure is None:
         try:
+            reason = left_to_stock(scope)
+            if reason is not None:
+                scope.fail(reason)
+                return
             own_tasks(scope)
         except Exception as exc:  # CaptureRefused, or a bug of ours: either way, stock keeps it
             scope.fail(str(exc) if isinstance(exc, CaptureRefused) else f"tasks: {exc!r}")

@@ -65,22 +65,25 @@ def event_record(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-def _op_interceptor(name: str) -> Any:
+def _op_interceptor(op: str) -> Any:
+    """Records each relaunch of ``op`` (its ``torch_npu`` path, as layouts name their op) under
+    the task handle being updated: tasks of several kinds may relaunch one op (FIA v2, MLA)."""
+
     def interceptor(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         dry = DRY_RUN.get()
         if dry is None:
             return wrapped(*args, **kwargs)
         if dry.current is not None:
-            dry.launches[id(dry.current)] = (dry.current, name, dict(kwargs))
+            dry.launches[id(dry.current)] = (dry.current, op, dict(kwargs))
         return None
 
-    interceptor.__name__ = f"intercept_{name}"
+    interceptor.__name__ = f"intercept_{op.replace('.', '_')}"
     return interceptor
 
 
-fia_out = _op_interceptor("fia")
-fia_v2_out = _op_interceptor("fia_v2")
-paged_attention = _op_interceptor("pa")
+fia_out = _op_interceptor("npu_fused_infer_attention_score.out")
+fia_v2_out = _op_interceptor("npu_fused_infer_attention_score_v2.out")
+paged_attention = _op_interceptor("_npu_paged_attention")
 
 
 def dry_run(
@@ -143,17 +146,18 @@ def compare(
             problems.append(f"{label}: stock did not update this task")
             continue
         seen.add(id(task.handle))
-        _, stock_kind, stock_kwargs = launch
-        if stock_kind != task.kind:
-            problems.append(f"{label}: stock relaunched it as {stock_kind}")
+        _, stock_op, stock_kwargs = launch
+        layout = layouts[task.kind]
+        if stock_op != layout.op:
+            problems.append(f"{label}: stock relaunched it with {stock_op}, not {layout.op}")
             continue
-        for name in layouts[task.kind].dynamic_args:
+        for name in layout.dynamic_args:
             ours, theirs = kwargs.get(name), stock_kwargs.get(name)
             if not _same(ours, theirs):
                 problems.append(
                     f"{label}: {name}: overlay {_short(ours)} != stock {_short(theirs)}"
                 )
-    for handle_id, (_, stock_kind, _) in dry.launches.items():
+    for handle_id, (_, stock_op, _) in dry.launches.items():
         if handle_id not in seen:
-            problems.append(f"stock updated a {stock_kind} task this graph does not own")
+            problems.append(f"stock updated a task ({stock_op}) this graph does not own")
     return problems

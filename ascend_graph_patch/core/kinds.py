@@ -3,6 +3,7 @@
 FIA = "fia"
 FIA_V2 = "fia_v2"
 PA = "pa"
+MLA = "mla"
 
 TARGET = "target"
 DRAFT = "draft"

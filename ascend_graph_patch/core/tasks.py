@@ -20,7 +20,7 @@ from ascend_graph_patch.core.providers import (
     Provider,
     pa_signature,
 )
-from ascend_graph_patch.lines.base import TaskLayout
+from ascend_graph_patch.lines.base import CaptureContext, TaskLayout
 
 
 def resolve_path(root: Any, path: str) -> Any:
@@ -62,12 +62,18 @@ def make_provider(
     runtime: Any,
     graph_workspace: Callable[[], Any],
     shared: dict[tuple, Any] | None = None,
+    context: CaptureContext | None = None,
 ) -> Provider:
-    """The provider for one task: what it rebinds follows the layout and the graph role.
+    """The provider for one task: what it rebinds follows the layout and the graph role (or
+    the layout's own provider factory, given the capture ``context``).
 
     A graph-workspace provider holds nothing of its task: the tasks of one graph configured
     alike can share one (``shared``, a memo for one graph's tasks built together).
     """
+    if layout.provider is not None:
+        if context is None:
+            raise CaptureRefused(f"{layout.kind}: its provider needs the capture context")
+        return layout.provider(layout, fields, template, context)
     table, rule = layout.block_table, layout.rebind_table
     table_rebound = table is not None and rule is not None and rule(fields, role)
     if layout.workspace == "per_lengths":
@@ -121,11 +127,15 @@ def build_task(
     event: Any,
     graph_workspace: Callable[[], Any],
     shared: dict[tuple, Any] | None = None,
+    num_tokens: int = 0,
+    impl: Any = None,
 ) -> UpdateTask:
     """One owned task from one captured task group (``CaptureRefused`` if it does not fit).
 
     ``shared``: a memo for the tasks of one graph built together (their op, and the providers
     they can share), so building a graph's tasks costs little more than its tuples' fields.
+    ``num_tokens`` (the graph's size) and ``impl`` (the capturing attention impl) are what a
+    layout's own provider factory may read.
     """
     fields = fields_of(layout, captured)
     template = layout.template(fields, attn_module)
@@ -143,5 +153,16 @@ def build_task(
         event,
         op,
         template,
-        make_provider(layout, fields, template, role, runtime, graph_workspace, shared),
+        make_provider(
+            layout,
+            fields,
+            template,
+            role,
+            runtime,
+            graph_workspace,
+            shared,
+            None
+            if layout.provider is None
+            else CaptureContext(role, num_tokens, impl, graph_workspace),
+        ),
     )

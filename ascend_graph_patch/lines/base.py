@@ -105,6 +105,22 @@ BlockTableRule = Callable[[Any, str], bool]
 
 
 @dataclass(frozen=True)
+class CaptureContext:
+    """What a layout's own provider factory may read of the capture that made its task."""
+
+    role: str  # target / draft / draft_prefill
+    num_tokens: int  # the graph's size: the GraphParams key the task was appended under
+    impl: Any  # the attention impl whose call captured the task
+    workspace: Callable[[], Any]  # the graph's captured workspace, read per step
+
+
+#: (layout, captured fields, relaunch template, capture context) -> the task's provider (an
+#: object with ``kind``, ``group``, ``value_keys`` and ``values(metadata)``: ``core.graph``'s
+#: ``Provider``), for a kind whose per-step values are more than attributes read as they are.
+ProviderFactory = Callable[["TaskLayout", Any, dict[str, Any], CaptureContext], Any]
+
+
+@dataclass(frozen=True)
 class TaskLayout:
     """How one attention kind is captured and relaunched on a line."""
 
@@ -134,6 +150,9 @@ class TaskLayout:
     workspace_getter: str | None = None
     #: The relaunch keywords that change per step: what verify compares with stock.
     dynamic_args: tuple[str, ...] = ()
+    #: The kind's own provider, when its values are more than ``binds`` read as they are (MLA:
+    #: nested decode fields, padded lengths, a draft's block table slice); None: the generic ones.
+    provider: ProviderFactory | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +163,22 @@ class Interceptor:
     module: str
     target: str
     wrapper: str  # attribute of ascend_graph_patch.aspects.verify
+
+
+#: (metadata key, the per-step list the proposer passes, the step's metadata the capture saw)
+#: -> the draft step a draft task reads; ``CaptureRefused`` for a shape the line does not know.
+DraftStepRule = Callable[[str, Any, Any], int]
+#: (attention impl, its layer's name) -> the key of its metadata in ``attn_metadata``.
+MetadataKeyRule = Callable[[Any, str], str]
+
+
+@dataclass(frozen=True)
+class LeftToStock:
+    """An attention impl class whose graphs the overlay refuses, and why (``status`` says so)."""
+
+    module: str
+    qualname: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -163,4 +198,26 @@ class Line:
     update_params: tuple[str, ...]
     #: (module, function) of each stock per-role GraphParams accessor: target, draft, prefill.
     graph_params: tuple[tuple[str, str], ...]
+    #: Which draft step a draft task reads (the proposers' ``draft_attn_metadatas`` shapes).
+    draft_step: DraftStepRule
+    #: Which ``attn_metadata`` key a layer's task reads (KV sharing, as stock reads it).
+    metadata_key: MetadataKeyRule
     verify_interceptors: tuple[Interceptor, ...] = field(default_factory=tuple)
+    #: Seam keys of aspects this release has no seam for (an earlier or later release lacks a
+    #: path): those aspects are not installed, and their group's gate does not ask for them.
+    absent: Mapping[str, str] = field(default_factory=dict)
+    #: Attention impl classes whose graphs are refused at capture, with the reason.
+    left_to_stock: tuple[LeftToStock, ...] = ()
+    #: ``module:attr`` of every update entry point the runners call (timed by ``ab``).
+    update_entry_points: tuple[str, ...] = ()
+    #: The seam modules ``status --check`` imports to run the gate here, in an order that
+    #: imports (some modules only import after others).
+    check_imports: tuple[str, ...] = ()
+
+    def has(self, seam: str) -> bool:
+        """Whether this release has seam ``seam`` (KeyError if the line does not know the key)."""
+        if seam in self.seams:
+            return True
+        if seam in self.absent:
+            return False
+        raise KeyError(f"line {self.name} neither has nor declares absent seam {seam!r}")
