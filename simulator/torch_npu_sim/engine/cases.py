@@ -184,6 +184,25 @@ CASES: tuple[Case, ...] = (
         capture_sizes=(3, 6, 12),
         repairs=("step3p5-pad-call",),
     ),
+    # DeepSeek-V3 (MLA, a dense and a MoE layer with grouped routing): AscendMLAImpl's graphs,
+    # alone and with its MTP layer as the draft (vllm-ascend's MTP proposer), k = 1 and 2.
+    Case("deepseek-v3/compile/decode-only", model="deepseek_v3"),
+    Case(
+        "deepseek-v3+mtp/k1/compile/decode-only",
+        model="deepseek_v3",
+        draft="deepseek_v3",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        capture_sizes=(2, 4, 8),
+    ),
+    Case(
+        "deepseek-v3+mtp/k2/compile/decode-only",
+        model="deepseek_v3",
+        draft="deepseek_v3",
+        draft_method="mtp",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+    ),
     Case(
         "llama-sliding+pa/compile/decode-only",
         model="llama_sliding",
@@ -220,6 +239,8 @@ CONTROL_CASES: tuple[str, ...] = (
     "qwen3+eagle3/compile/decode-only",
     "gemma4/compile/decode-only",
     "step3p5+mtp/compile/decode-only/repaired",
+    "deepseek-v3/compile/decode-only",
+    "deepseek-v3+mtp/k2/compile/decode-only",
 )
 
 

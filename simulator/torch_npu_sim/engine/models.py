@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .deepseek_model import DEEPSEEK_V3
 from .step3p5_model import STEP3P5
 
 
@@ -345,5 +346,7 @@ MODELS: dict[str, ModelSpec] = {
         ),
         # Step3.5 with its two MTP layers (its own module: a MoE target, a multi-group draft).
         STEP3P5,
+        # DeepSeek-V3 (MLA, a dense and a MoE layer) with its MTP layer (its own module).
+        DEEPSEEK_V3,
     )
 }
