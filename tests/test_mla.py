@@ -1,5 +1,11 @@
 """MLA graphs owned: the line's MLA layout and provider against the release's own MLA update.
 
+The harness (``torch_npu_sim.harness``: a real ``AscendMLAImpl`` decoding through the real
+``_forward_decode`` in real ``ACLGraphWrapper`` graphs, target ``mla`` and MTP draft
+``mla_mtp_k2``) is covered by the suites that run every scenario (``test_overlay_scenarios``,
+``test_real_code``, ``test_mtp``, ``test_v2``: overlay == stock bitwise == eager, verify without
+mismatch); here, its negative control: MLA graphs replayed without their update are stale.
+
 vllm-ascend 0.23.0.post1's ``AscendMLAImpl.update_graph_params`` runs here for real, as verify
 runs it: a dry run whose relaunches, update scopes and event records are intercepted per task
 handle. Its GraphParams hold 18-field tuples shaped as ``_forward_decode`` appends them; the
@@ -274,3 +280,29 @@ def test_quantised_layers_relaunch_with_their_dequant_scales() -> None:
     assert template["dequant_scale_query"] is scale_q
     assert template["dequant_scale_key"] is template["dequant_scale_value"] is scale_kv
     assert (template["query_quant_mode"], template["key_quant_mode"]) == (3, 0)
+
+
+@pytest.mark.parametrize("name", ["mla", "mla_mtp_k2"])
+def test_mla_graphs_replayed_without_their_update_are_stale(name: str) -> None:
+    """Negative control of the harness checks: with the overlay on, a step whose MLA graph is
+    replayed without its update (events recorded, arguments as last launched) differs from
+    eager; the updated steps around it stay equal to eager. So equality with eager there is the
+    update's doing."""
+    import random
+
+    from tests.overlay_support import overlay_arm
+
+    extra, stale = random.Random(11), []
+
+    def without_update(workload: Any, index: int, batch: Any, out: Any) -> None:
+        if index == 2:
+            extra_batch = workload.next_batch(extra)
+            eager = workload.run(extra_batch, graph=False).values
+            missed = workload.run_without_update(extra_batch).values
+            stale.append((missed - eager).abs().max().item())
+
+    arm = overlay_arm(name, "on", 5, seed=1234, eager=True, on_step=without_update)
+    assert arm.run.ok and arm.run.steps == 5, arm.error
+    assert arm.counters["updates.owned"] == 5  # the skipped step is not an update
+    assert stale and stale[0] > 1e-2, f"no update, yet equal to eager ({stale})"
+    assert arm.max_eager_error < 1e-5

@@ -78,6 +78,7 @@ def draft_keys(arm: OverlayArm) -> list[list[tuple]]:
         "mtp_2layers_k3",
         "eagle_2layers_k2",
         "mtp_enpu_k3",
+        "mla_mtp_k2",
     ],
 )
 def test_overlay_equals_stock_equals_eager(name: str, overlay: Callable[[str], None]) -> None:
@@ -115,7 +116,8 @@ def test_draft_engines_in_sequence_each_own_their_graphs(overlay: Callable[[str]
 
 
 @pytest.mark.parametrize(
-    "name", ["mtp_k1", "mtp_k4", "mtp_2layers_k3", "eagle_2layers_k2", "mtp_non_causal"]
+    "name",
+    ["mtp_k1", "mtp_k4", "mtp_2layers_k3", "eagle_2layers_k2", "mtp_non_causal", "mla_mtp_k2"],
 )
 def test_verify_has_no_mismatch_where_stock_is_right(
     name: str, overlay: Callable[[str], None]

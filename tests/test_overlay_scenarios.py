@@ -27,7 +27,7 @@ def test_overlay_equals_stock_and_eager(name: str) -> None:
     assert on.error is None, on.error
     assert len(on.outputs) == STEPS
     assert on.max_eager_error <= EAGER_TOL
-    n_tasks = sum(1 for spec in SCENARIOS[name].layers if spec.kind == "attention")
+    n_tasks = sum(1 for spec in SCENARIOS[name].layers if spec.captures_task)
     assert on.counters.get("updates.owned") == STEPS
     assert on.counters.get("tasks.updated") == STEPS * n_tasks
     assert not any(k.startswith(("fallback", "errors", "updates.stock")) for k in on.counters)
@@ -50,7 +50,7 @@ def test_verify_reports_no_mismatch(name: str) -> None:
     assert arm.counters.get("verify.mismatches", 0) == 0
     assert arm.max_eager_error <= EAGER_TOL
     if _stock_ok(name):
-        n_tasks = sum(1 for spec in SCENARIOS[name].layers if spec.kind == "attention")
+        n_tasks = sum(1 for spec in SCENARIOS[name].layers if spec.captures_task)
         assert arm.counters.get("verify.tasks") == STEPS * n_tasks
         assert "verify.stock_failed" not in arm.counters
     else:

@@ -39,6 +39,7 @@ CORRECT = [
     "dense_full",
     "gemma4_fia",
     "hybrid_linear_grouped",
+    "mla",
 ]
 
 
@@ -102,7 +103,7 @@ def test_replay_matches_eager(seed, name):
     assert worst <= ATOL, f"{name}: replay differs from eager by {worst:.3g}"
     # The workload really changed shape and really went through graphs and the stock update.
     assert len(seen.padded) >= 2 and len(seen.sizes) >= 8
-    n_attn = sum(spec.kind == "attention" for spec in scenarios.SCENARIOS[name].layers)
+    n_attn = sum(spec.captures_task for spec in scenarios.SCENARIOS[name].layers)
     assert seen.stats["replays"] == STEPS
     assert seen.stats["updates"] == STEPS * n_attn
     assert seen.stats["records"] == STEPS * n_attn

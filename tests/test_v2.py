@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from ascend_graph_patch.core.kinds import FIA, FIA_V2, PA
+from ascend_graph_patch.core.kinds import FIA, FIA_V2, MLA, PA
 from tests.overlay_support import OverlayArm, assert_bitwise, overlay_arm
 from torch_npu_sim.harness.scenarios import (
     NOT_ON_V2,
@@ -151,13 +151,16 @@ def test_release_model_manager_cannot_be_built_on_vllm_0_23() -> None:
 
 def expected_tasks(sc: Scenario, num_tokens: int) -> list[tuple[str, str, str, int]]:
     """What a target graph must own: one task per attention layer, in model order, of the kind
-    stock captures at that size (PA on `pa_shape_list` sizes and for 512-dim heads, FIA v2 with
-    sinks, else FIA), keyed by the layer's metadata key (its KV-sharing target's, if any)."""
+    stock captures at that size (MLA for MLA layers, PA on `pa_shape_list` sizes and for 512-dim
+    heads, FIA v2 with sinks, else FIA), keyed by the layer's metadata key (its KV-sharing
+    target's, if any)."""
     tasks = []
     for spec in sc.layers:
-        if spec.kind != "attention":
+        if not spec.captures_task:
             continue  # linear-attention layers capture no attention task
-        if num_tokens in sc.pa_shape_list or spec.head_size == 512:
+        if spec.kind == "mla":
+            kind = MLA
+        elif num_tokens in sc.pa_shape_list or spec.head_size == 512:
             kind = PA
         else:
             kind = FIA_V2 if spec.sinks else FIA
@@ -166,7 +169,7 @@ def expected_tasks(sc: Scenario, num_tokens: int) -> list[tuple[str, str, str, i
 
 
 def n_attention(sc: Scenario) -> int:
-    return sum(1 for spec in sc.layers if spec.kind == "attention")
+    return sum(1 for spec in sc.layers if spec.captures_task)
 
 
 @pytest.fixture(scope="module")

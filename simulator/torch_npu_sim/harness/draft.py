@@ -117,7 +117,33 @@ class _TupleModel:
         return self.toy.compute_logits(h)
 
 
-def make_proposer(draft: DraftScenario, vllm_config: Any, max_tokens: int, model: ToyDraft) -> Any:
+class _WithSpeculativeConfig:
+    """The engine's ``VllmConfig`` as the proposer reads it, with a speculative config: the MLA
+    draft update reads ``speculative_config.disable_padded_drafter_batch``, and a real
+    ``SpeculativeConfig`` needs a draft checkpoint. Everything else is the engine's config."""
+
+    def __init__(self, config: Any, speculative_config: Any) -> None:
+        self._config = config
+        self.speculative_config = speculative_config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def speculative_stand_in(draft: DraftScenario) -> Any:
+    """What the MLA draft paths read of vLLM's ``SpeculativeConfig`` (an MTP method: Eagle-like;
+    a padded drafter batch, vLLM's default)."""
+    return SimpleNamespace(
+        method=draft.method,
+        num_speculative_tokens=draft.num_speculative_tokens,
+        disable_padded_drafter_batch=False,
+        use_eagle=lambda: True,
+    )
+
+
+def make_proposer(
+    draft: DraftScenario, vllm_config: Any, max_tokens: int, model: ToyDraft, backend: Any = None
+) -> Any:
     """The proposer stand-in: what ``_run_merged_draft`` / ``_update_full_graph_params`` read."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
     from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
@@ -146,7 +172,7 @@ def make_proposer(draft: DraftScenario, vllm_config: Any, max_tokens: int, model
         hidden_states=torch.zeros(n, D_MODEL),
         arange=torch.arange(n + 1, dtype=torch.int64),
         token_indices_to_sample=torch.arange(n, dtype=torch.int64),
-        draft_attn_groups=[SimpleNamespace(backend=AscendAttentionBackend)],
+        draft_attn_groups=[SimpleNamespace(backend=backend or AscendAttentionBackend)],
         update_stream=torch.npu.Stream(),
         model=_TupleModel(model) if draft.method == "eagle" else model,
     )
@@ -194,8 +220,15 @@ class DraftEngine:
 
         # No SpeculativeConfig (it needs a draft checkpoint): the drafter is not MoE.
         va_utils._IS_DRAFTER_MOE_MODEL = False
+        config = self.vllm_config
+        mla = [layer for layer in self.stack.layers if layer.spec.kind == "mla"]
+        if mla:  # the MLA draft paths read a speculative config: the impls' and the update's
+            spec = speculative_stand_in(self.draft)
+            for layer in mla:
+                layer.impl.speculative_config = spec
+            config = _WithSpeculativeConfig(config, spec)
         self.proposer = make_proposer(
-            self.draft, self.vllm_config, self.stack.max_tokens, self.model
+            self.draft, config, self.stack.max_tokens, self.model, self.stack.attn_backend
         )
         self.wrapper = ACLGraphWrapper(
             self.proposer._run_merged_draft,

@@ -26,6 +26,8 @@ gemma4_mixed           CRASH in the stock update: ``ValueError: not enough value
 hybrid_linear_grouped  ok, 1.2e-06 (same model, group-major keys: attention first)
 hybrid_linear          CRASH in the stock update: ``AttributeError: 'LinearAttnMetadata' object
                        has no attribute 'seq_lens_list'`` (attention_v1.py:751, first step)
+mla                    ok, 1.1e-06 (AscendMLAImpl._forward_decode over a latent cache, and
+                       AscendMLAImpl.update_graph_params: the MLA backend's own update)
 =====================  ======================================================================
 
 Without the update (events recorded, arguments left as last launched) every correct scenario
@@ -53,6 +55,11 @@ if TYPE_CHECKING:
 
 def _attn(i: int) -> str:
     return f"model.layers.{i}.self_attn.attn"
+
+
+def _mla(name: str) -> LayerSpec:
+    """An MLA layer: four query heads over one 64-wide latent (the KV cache's one head)."""
+    return LayerSpec(name, num_heads=4, num_kv_heads=1, head_size=64, kind="mla")
 
 
 def _linear(i: int) -> str:
@@ -176,6 +183,13 @@ SCENARIOS: dict[str, Scenario] = {
             "'seq_lens_list'",
         ),
         Scenario(
+            # MLA (DeepSeek-like): AscendMLAImpl's decode (FIA v2 with the rope split over the
+            # latent cache), its task groups captured inline, its own update_graph_params.
+            name="mla",
+            layers=tuple(_mla(_attn(i)) for i in range(4)),
+            stock="ok",
+        ),
+        Scenario(
             # Positive control: the same hybrid model with the v1 runner's group-major key order
             # (attention group first, linear-attention keys after, as Qwen3-Next arranges them):
             # the first len(captured) keys are exactly the attention layers, so stock is right.
@@ -212,6 +226,10 @@ def _draft_scenarios() -> dict[str, DraftScenario]:
     )
     out["mtp_enpu_k3"] = DraftScenario(
         "mtp_enpu_k3", two, num_speculative_tokens=3, update_order="update_then_replay"
+    )
+    # DeepSeek's MTP: one MLA draft layer, its task per draft step (the MLA draft update's rule)
+    out["mla_mtp_k2"] = DraftScenario(
+        "mla_mtp_k2", (_mla(draft_layer(0)),), num_speculative_tokens=2
     )
     return out
 

@@ -20,7 +20,15 @@ class LayerSpec:
     sliding_window: int | None = None
     sinks: bool = False  # FIA v2 with learnable sinks
     kv_sharing_target: str | None = None
-    kind: str = "attention"  # "linear": GDN-like layer whose metadata key sits in attn_metadata
+    #: "attention": the backend's impl (FIA / FIA v2 / PA); "mla": ``AscendMLAImpl``'s decode
+    #: (``head_size`` is the latent width, one KV head); "linear": GDN-like layer whose metadata
+    #: key sits in attn_metadata
+    kind: str = "attention"
+
+    @property
+    def captures_task(self) -> bool:
+        """Whether the layer's decode captures one attention task group per graph."""
+        return self.kind != "linear"
 
 
 @dataclass(frozen=True)

@@ -133,12 +133,49 @@ class KVGroup:
     builder: Any
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
+    #: MLA layers: the builder's metadata is handed on in ``AscendMLAMetadata``'s shape
+    mla: bool = False
 
     def build(self, common: Any, capturing: bool) -> Any:
         """The builder's metadata: the capture variant for a dummy run, else a real step's."""
         if capturing:
-            return self.builder.build_for_cudagraph_capture(common)
-        return self.builder.build(common_prefix_len=0, common_attn_metadata=common)
+            md = self.builder.build_for_cudagraph_capture(common)
+        else:
+            md = self.builder.build(common_prefix_len=0, common_attn_metadata=common)
+        return mla_metadata(md) if self.mla else md
+
+
+def mla_metadata(md: Any) -> Any:
+    """A decode step's ``AscendMLAMetadata`` over the same buffers as the FIA builder's
+    metadata ``md`` (a stand-in for ``AscendMLAMetadataBuilder``, which needs an MLA model
+    config): ``decode`` holds the block table, the KV lengths (host list), the cumulative query
+    ends; the stock MLA update and ``_forward_decode`` read exactly these."""
+    from vllm_ascend.attention.mla_v1 import AscendMLADecodeMetadata, AscendMLAMetadata
+
+    decode = AscendMLADecodeMetadata(
+        input_positions=None,
+        block_table=md.block_tables,
+        seq_lens=md.seq_lens,
+        max_seq_lens=max(md.seq_lens_list, default=0),
+        seq_lens_list=md.seq_lens_list,
+        actual_seq_lengths_q=md.actual_seq_lengths_q,
+        attn_mask=md.attn_mask,
+    )
+    requests = len(md.seq_lens_list)
+    return AscendMLAMetadata(
+        num_actual_tokens_pcp_padded=md.num_actual_tokens,
+        num_actual_tokens=md.num_actual_tokens,
+        slot_mapping=md.slot_mapping,
+        query_start_loc=md.query_start_loc,
+        seq_lens=md.seq_lens,
+        seq_lens_cpu=md.seq_lens_cpu,
+        block_tables=md.block_tables,
+        num_decodes=requests,
+        num_decode_tokens=md.num_actual_tokens,
+        num_prefills=0,
+        attn_state=md.attn_state,
+        decode=decode,
+    )
 
 
 class Stack:
@@ -242,14 +279,14 @@ class Stack:
             if spec.kv_sharing_target is not None:
                 sharing.append(spec)
                 continue
-            key = (spec.num_kv_heads, spec.head_size, spec.sliding_window)
+            key = (spec.num_kv_heads, spec.head_size, spec.sliding_window, spec.kind == "mla")
             keyed.setdefault(key, []).append(spec.name)
         for spec in sharing:
             for names in keyed.values():
                 if spec.kv_sharing_target in names:
                     names.append(spec.name)
         groups = []
-        for (kv_heads, head_size, window), names in keyed.items():
+        for (kv_heads, head_size, window, mla), names in keyed.items():
             kv_spec: Any
             if window is None:
                 kv_spec = FullAttentionSpec(
@@ -277,9 +314,21 @@ class Stack:
                         self.max_num_reqs + 1, self.max_blocks, dtype=torch.int32
                     ),
                     slot_mapping=torch.full((self.max_tokens,), -1, dtype=torch.int64),
+                    mla=mla,
                 )
             )
         return groups
+
+    @property
+    def attn_backend(self) -> Any:
+        """The backend whose impl's update the runner calls (``update_full_graph_params``)."""
+        if any(group.mla for group in self.groups):
+            from vllm_ascend.attention.mla_v1 import AscendMLABackend
+
+            return AscendMLABackend
+        from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+
+        return AscendAttentionBackend
 
     # ---- workload helpers ------------------------------------------------------------------
 
@@ -343,13 +392,19 @@ class Stack:
             for layer in self.layers:
                 if layer.spec.name in group.layer_names and layer.owns_kv:
                     assert layer.kv_cache is not None
-                    flat = layer.kv_cache.view(2, -1, *layer.kv_cache.shape[3:])
-                    saved.append((flat, slots, flat[:, slots].clone()))
+                    caches = layer.kv_cache
+                    # (2, blocks, block_size, ...) as one, or MLA's (latent, key rope) caches
+                    flats = (
+                        [c.view(-1, *c.shape[2:]) for c in caches]
+                        if isinstance(caches, tuple)
+                        else list(caches.view(2, -1, *caches.shape[3:]))
+                    )
+                    saved += [(flat, slots, flat[slots].clone()) for flat in flats]
         try:
             yield
         finally:
             for flat, slots, values in saved:
-                flat[:, slots] = values
+                flat[slots] = values
 
 
 def _model_config_json(scenario: Scenario, max_model_len: int) -> dict[str, Any]:

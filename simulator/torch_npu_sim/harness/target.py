@@ -312,12 +312,11 @@ class TargetEngine:
 
     def _update(self, step: OpenStep) -> None:
         import vllm_ascend.compilation.acl_graph as acl_graph
-        from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
 
         # Resolved through the module attribute at call time (the overlay may wrap the class
         # attribute AscendAttentionBackendImpl.update_graph_params underneath).
         acl_graph.update_full_graph_params(
-            AscendAttentionBackend,
+            self.stack.attn_backend,
             self.update_stream,
             step.forward_context,
             step.num_tokens,

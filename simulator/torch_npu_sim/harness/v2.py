@@ -197,8 +197,8 @@ class V2Engine:
         import importlib
 
         from vllm.config import CUDAGraphMode
-        from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
 
+        backend = self.stack.attn_backend  # the model's (FIA / PA, or MLA): its impl updates
         # What importing the v2 runner (worker/v2/model_runner.py) loads before its
         # torch_cuda_wrapper runs: the managers' modules (speculator.py imports eagle.aclgraph).
         for module in RUNNER_IMPORTS:
@@ -223,7 +223,7 @@ class V2Engine:
                 dp_size=1,
                 model_state=self.model_state,
                 update_stream=self.update_stream,
-                attn_groups=[[SimpleNamespace(backend=AscendAttentionBackend)]],
+                attn_groups=[[SimpleNamespace(backend=backend)]],
                 speculative_config=None,
             )
             self.runner = runner
@@ -245,7 +245,7 @@ class V2Engine:
                 dp_size=1,
                 model_state=self.model_state,
                 update_stream=self.update_stream,
-                attn_backends={"draft": AscendAttentionBackend},
+                attn_backends={"draft": backend},
                 speculative_config=None,
                 draft_attn_layer_names={s.name for s in self.scenario.layers},
                 input_batch=None,
