@@ -66,14 +66,14 @@ def test_quick_bench_prints_ratios_and_writes_json(tmp_path: Path, capfd):
     projected = data["projection"]
     assert projected["label"] == "projection, not a measurement"
     assert projected["costs_us"]["relaunch_fia"] == 120.0
-    assert len(projected["rows"]) == len(projection.SHAPES)
+    assert len(projected["rows"]) == len(projection.SHAPES) + len(projection.MLA_SHAPES)
     kinds = {p["kind"] for p in data["points"]}
     assert kinds == set(core.KINDS) and core.MTP_KIND in kinds
     assert len(data["points"]) == len(core.KINDS) * 4
     for p in data["points"]:
         assert p["error"] is None, p
         # the floor and the overlay drive exactly the captured tasks: one per layer per step
-        assert p["steps"] == (core.MTP_STEPS if p["kind"] == core.MTP_KIND else 1)
+        assert p["steps"] == (core.MTP_STEPS if p["kind"] in core.DRAFT_KINDS else 1)
         assert p["tasks"] == p["layers"] * p["steps"]
         assert p["stock_us"] > 0 and p["overlay_us"] > 0 and p["floor_us"] > 0
         assert p["vs_stock"] == p["overlay_us"] / p["stock_us"]
@@ -128,6 +128,8 @@ def test_mtp_point_is_a_draft_update(mocker):
 
 def test_kind_aliases():
     assert command._kind("mtp") == command._kind(" MTP k=3 ") == core.MTP_KIND
+    assert command._kind("mla") == core.MLA_KIND
+    assert command._kind("mla+mtp") == command._kind("MLA+MTP k=3") == core.MLA_MTP_KIND
     assert command._kind("fia-v2") == "FIA-v2" and command._kind("nope") == "nope"
 
 
@@ -201,6 +203,37 @@ def test_projection_adds_glue_to_call_costs_and_counts_avoided_getters():
     mtp = rows["28 layers FIA + MTP k=3"]
     assert mtp["tasks"] == 31
     assert mtp["stock_ms"] - fia["stock_ms"] == pytest.approx((5 + 3 * 3 + 3 * per_fia) / 1000)
+
+
+def test_projection_adds_deepseek_shapes_when_the_mla_kinds_were_measured():
+    """61 MLA layers (DeepSeek V3 / R1), alone and with its MTP layer at k=1: MLA's relaunch
+    cost, the MLA kinds' glue; left out of a run that did not measure them."""
+    costs = projection.CallCosts(relaunch_mla=100.0)
+    assert "61 layers MLA" not in {r["shape"] for r in projection.project(_points(), costs)["rows"]}
+    points = _points()
+    for kind, steps in ((core.MLA_KIND, 1), (core.MLA_MTP_KIND, 3)):
+        for layers in (1, 28):
+            tasks = layers * steps
+            floor = 0.9 * tasks
+            points.append(
+                core.Point(
+                    kind,
+                    layers,
+                    64,
+                    tasks=tasks,
+                    steps=steps,
+                    stock_us=floor + 5 + 3 * tasks,
+                    overlay_us=floor + 4 + 0.2 * tasks,
+                    floor_us=floor,
+                )
+            )
+    rows = {r["shape"]: r for r in projection.project(points, costs)["rows"]}
+    per_mla = costs.update_begin + 100.0 + costs.update_end + costs.event_record
+    mla, mtp = rows["61 layers MLA"], rows["61 layers MLA + MTP k=1"]
+    assert mla["stock_ms"] == pytest.approx((5 + 3 * 61 + 61 * per_mla) / 1000)
+    assert mla["overlay_ms"] == pytest.approx((4 + 0.2 * 61 + 61 * per_mla) / 1000)
+    assert mtp["tasks"] == 62
+    assert mtp["stock_ms"] - mla["stock_ms"] == pytest.approx((5 + 3 + per_mla) / 1000)
 
 
 def test_projection_needs_every_kind_and_valid_costs():

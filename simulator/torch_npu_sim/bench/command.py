@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kinds",
         default=None,
-        help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp); default: all",
+        help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp), MLA, MLA+MTP k=3 "
+        "(or: mla+mtp); default: all",
     )
     parser.add_argument("--layers", type=_ints, default=None, help="e.g. 1,28,64,94")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,64,256")

@@ -7,11 +7,13 @@ record per task, with arguments prebuilt once). The overlay is enabled in-proces
 engine captures (tasks are registered at capture); the stock path is the unwrapped staticmethod.
 The three are interleaved round by round so drift hits all of them alike.
 
-Target kinds (FIA, FIA-v2, PA) update one task per layer under a target forward context. The
-``MTP k=3`` kind is the merged multi-step draft graph of ``harness.draft`` (the real
+Target kinds (FIA, FIA-v2, PA, MLA) update one task per layer under a target forward context.
+The ``MTP k=3`` kind is the merged multi-step draft graph of ``harness.draft`` (the real
 ``_run_merged_draft`` in a real ``ACLGraphWrapper(use_eagle=True)``): 3 tasks per draft layer,
 updated under a draft forward context with the arguments the proposer's
-``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included. Engines are built,
+``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included; ``MLA+MTP k=3`` is the
+same with MLA draft layers (DeepSeek's MTP). MLA kinds go through ``AscendMLAImpl``'s own update
+(stock) and the overlay's wrapper on it. Engines are built,
 captured and fed batches through the workload protocol; what is timed is the update call alone,
 inside the step's open forward context (``open_step``).
 """
@@ -107,6 +109,41 @@ def _mtp(layers: int, batches: tuple[int, ...]) -> Any:
     )
 
 
+MLA_KIND = "MLA"
+MLA_MTP_KIND = "MLA+MTP k=3"
+
+
+def _mla_layer(name: str) -> Any:
+    from torch_npu_sim.harness.spec import LayerSpec
+
+    return LayerSpec(name, num_heads=4, num_kv_heads=1, head_size=64, kind="mla")
+
+
+def _mla(layers: int, batches: tuple[int, ...]) -> Any:
+    """``layers`` MLA layers (DeepSeek-like: AscendMLAImpl's graphs and its own update)."""
+    from torch_npu_sim.harness.spec import Scenario
+
+    return Scenario(
+        name=f"bench_mla_{layers}",
+        layers=tuple(_mla_layer(_name(i)) for i in range(layers)),
+        capture_sizes=batches,
+        max_kv_len=128,
+    )
+
+
+def _mla_mtp(layers: int, batches: tuple[int, ...]) -> Any:
+    """A merged MTP draft of ``layers`` MLA layers, 3 speculative tokens (DeepSeek's MTP)."""
+    from torch_npu_sim.harness.spec import DraftScenario, draft_layer
+
+    return DraftScenario(
+        name=f"bench_mla_mtp_k{MTP_STEPS}_{layers}",
+        layers=tuple(_mla_layer(draft_layer(i)) for i in range(layers)),
+        num_speculative_tokens=MTP_STEPS,
+        capture_sizes=batches,
+        max_kv_len=128,
+    )
+
+
 #: kind -> scenario factory(layers, capture sizes). A ``DraftScenario`` is built as a draft engine
 #: and measured as a draft update.
 KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
@@ -114,7 +151,11 @@ KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
     "FIA-v2": _fia_v2,
     "PA": _pa,
     MTP_KIND: _mtp,
+    MLA_KIND: _mla,
+    MLA_MTP_KIND: _mla_mtp,
 }
+#: The kinds measured as a merged draft graph's update (``MTP_STEPS`` tasks per layer).
+DRAFT_KINDS = frozenset({MTP_KIND, MLA_MTP_KIND})
 
 
 @dataclass
@@ -175,10 +216,13 @@ def _prepare() -> None:
     activation.enable("on")  # idempotent; installs at once (modules are loaded)
 
 
-def _stock_update() -> Callable[..., Any]:
-    from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
+def _stock_update(impl_cls: Any = None) -> Callable[..., Any]:
+    """vllm-ascend's own ``update_graph_params`` of ``impl_cls`` (default: the backend's impl)."""
+    if impl_cls is None:
+        from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
-    fn = AscendAttentionBackendImpl.__dict__["update_graph_params"]
+        impl_cls = AscendAttentionBackendImpl
+    fn = impl_cls.__dict__["update_graph_params"]
     while True:  # through every wrapper and staticmethod, down to vllm-ascend's function
         if isinstance(fn, staticmethod):
             fn = fn.__func__
@@ -254,16 +298,18 @@ def measure_point(
     engine: Any, kind: str, layers: int, batch: int, rounds: int, inner: int
 ) -> Point:
     """Median over ``rounds`` interleaved rounds of ``inner`` calls each, in microseconds."""
-    from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
-
     from ascend_graph_patch import state
     from torch_npu_sim import runtime
 
     point = Point(kind, layers, batch)
     # Both called as the runner calls them, through the class attribute (update_full_graph_params:
-    # ``impl_cls.update_graph_params(...)``), so an attribute's binding cost counts too.
-    stock_cls = type("StockImpl", (), {"update_graph_params": staticmethod(_stock_update())})
-    overlay_cls = AscendAttentionBackendImpl
+    # ``impl_cls.update_graph_params(...)``, the model's backend's impl: MLA's has its own), so
+    # an attribute's binding cost counts too.
+    impl_cls = type(next(layer.impl for layer in engine.stack.layers if layer.impl is not None))
+    stock_cls = type(
+        "StockImpl", (), {"update_graph_params": staticmethod(_stock_update(impl_cls))}
+    )
+    overlay_cls = impl_cls
     rng = random.Random(batch)
     work = engine.next_batch(rng)
     while work.num_tokens_padded != batch:
@@ -307,13 +353,16 @@ def measure_point(
 
 
 def _engine(scenario: Any) -> Any:
-    """Build and capture every size (null cost: the attention ops are recorded, not computed)."""
+    """Build and capture every size (null cost: the attention ops are recorded, not computed;
+    except for MLA, whose decode reshapes what a functional op returns, its value up-projection:
+    an MLA engine captures with its ops computed). The timed updates run at null cost alike."""
     from torch_npu_sim import runtime
     from torch_npu_sim.harness import scenarios
 
     engine = scenarios.build(scenario)
+    mla = any(spec.kind == "mla" for spec in scenario.layers)
     try:
-        with runtime.null_cost():
+        with runtime.null_cost(not mla):
             engine.capture()
     except BaseException:
         engine.close()

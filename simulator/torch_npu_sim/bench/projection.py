@@ -24,7 +24,8 @@ DERIVATION = (
     "with the workspace getter called per layer, ~1.66 ms reusing it (PR 15579): ~59 us per PA "
     "task without the getter (relaunch 29 + 30), and the 27 avoided getter calls 0.74-1.29 ms, "
     "~35 us each. The split between the four calls of a task is an assumption; the totals are "
-    "the published ones."
+    "the published ones. MLA's relaunch (FIA v2 with the rope split) has no published figure: "
+    "it is taken as FIA's."
 )
 
 
@@ -37,6 +38,7 @@ class CallCosts:
     event_record: float = 10.0
     relaunch_fia: float = 150.0
     relaunch_pa: float = 29.0
+    relaunch_mla: float = 150.0
     pa_workspace_getter: float = 35.0
 
     @classmethod
@@ -65,11 +67,12 @@ class CallCosts:
 
 @dataclass(frozen=True)
 class Shape:
-    """A dense model's step: ``layers`` target attention layers (one KV group), and optionally
-    an MTP draft of ``draft_layers`` FIA layers updated for ``mtp_steps`` speculative tokens."""
+    """A model's step: ``layers`` target attention layers (one KV group), and optionally an MTP
+    draft of ``draft_layers`` layers of the same attention (FIA for a PA target) updated for
+    ``mtp_steps`` speculative tokens."""
 
     layers: int
-    attention: str  # "FIA" or "PA": the target layers' op
+    attention: str  # "FIA", "PA" or "MLA": the target layers' op
     mtp_steps: int = 0
     draft_layers: int = 1
 
@@ -78,6 +81,11 @@ class Shape:
         mtp = f" + MTP k={self.mtp_steps}" if self.mtp_steps else ""
         return f"{self.layers} layers {self.attention}{mtp}"
 
+    @property
+    def draft_kind(self) -> str:
+        """The bench kind whose glue the draft's tasks cost."""
+        return "MLA+MTP k=3" if self.attention == "MLA" else "MTP k=3"
+
 
 SHAPES = tuple(
     Shape(layers, attention, steps)
@@ -85,6 +93,9 @@ SHAPES = tuple(
     for attention in ("FIA", "PA")
     for steps in (0, 3)
 )
+#: DeepSeek V3 / R1: 61 MLA layers, alone and with its MTP layer at k = 1 (vllm-ascend's
+#: DeepSeek tutorials); projected when the run measured the MLA kinds.
+MLA_SHAPES = (Shape(61, "MLA", 0), Shape(61, "MLA", 1))
 
 
 @dataclass(frozen=True)
@@ -160,17 +171,20 @@ def project_shape(shape: Shape, costs: CallCosts, glue: dict[str, dict[str, Glue
     workspace getter once per PA layer; the overlay once per (metadata object, static
     signature), i.e. once per step for a dense model's one KV group.
     """
-    relaunch = costs.relaunch_pa if shape.attention == "PA" else costs.relaunch_fia
+    relaunch = {"PA": costs.relaunch_pa, "MLA": costs.relaunch_mla}.get(
+        shape.attention, costs.relaunch_fia
+    )
+    draft_relaunch = costs.relaunch_mla if shape.attention == "MLA" else costs.relaunch_fia
     target_tasks = shape.layers
     draft_tasks = shape.draft_layers * shape.mtp_steps
-    calls_us = target_tasks * costs.task(relaunch) + draft_tasks * costs.task(costs.relaunch_fia)
+    calls_us = target_tasks * costs.task(relaunch) + draft_tasks * costs.task(draft_relaunch)
     stock_getters = target_tasks if shape.attention == "PA" else 0
     overlay_getters = 1 if shape.attention == "PA" else 0
     glue_us = {}
     for arm in ("stock", "overlay"):
         glue_us[arm] = glue[shape.attention][arm].at(target_tasks)
         if draft_tasks:
-            glue_us[arm] += glue["MTP k=3"][arm].at(draft_tasks)
+            glue_us[arm] += glue[shape.draft_kind][arm].at(draft_tasks)
     stock_us = glue_us["stock"] + calls_us + stock_getters * costs.pa_workspace_getter
     overlay_us = glue_us["overlay"] + calls_us + overlay_getters * costs.pa_workspace_getter
     return Row(
@@ -186,14 +200,20 @@ def project_shape(shape: Shape, costs: CallCosts, glue: dict[str, dict[str, Glue
 
 
 def project(points: list[Any], costs: CallCosts) -> dict[str, Any]:
-    """Every shape of ``SHAPES`` projected from this run's glue; needs FIA, PA and MTP points."""
+    """Every shape of ``SHAPES`` projected from this run's glue; needs FIA, PA and MTP points.
+    The MLA shapes too, when the run measured the MLA kinds."""
     glue = {kind: fit_glue(points, kind) for kind in ("FIA", "PA", "MTP k=3")}
     missing = [kind for kind, fit in glue.items() if fit is None]
     if missing:
         raise ValueError(
             f"a projection needs measured FIA, PA and MTP k=3 points; missing {', '.join(missing)}"
         )
-    rows = [project_shape(shape, costs, glue) for shape in SHAPES]  # type: ignore[arg-type]
+    shapes = SHAPES
+    mla = {kind: fit_glue(points, kind) for kind in ("MLA", "MLA+MTP k=3")}
+    if all(fit is not None for fit in mla.values()):
+        glue.update(mla)
+        shapes = SHAPES + MLA_SHAPES
+    rows = [project_shape(shape, costs, glue) for shape in shapes]  # type: ignore[arg-type]
     return {
         "label": "projection, not a measurement",
         "costs_us": asdict(costs),
