@@ -43,8 +43,6 @@ def installer_problem() -> str | None:
     For ``status``: in its own process vllm_ascend never loads, so the installer never tries; this
     imports it the way the trigger's callback would (wrapt, the gate, the aspect table).
     """
-    if loader_state.START_ERROR is not None:
-        return loader_state.START_ERROR
     try:
         from ascend_graph_patch import installer  # noqa: F401
     except Exception as exc:

@@ -88,10 +88,11 @@ def _check_now() -> None:
         importlib.import_module(name)
 
 
-def inactive(mode: str, gates: dict[str, dict[str, str]]) -> list[str]:
+def inactive(mode: str, gates: dict[str, dict[str, str]], probe: bool = False) -> list[str]:
     """Why the overlay, though asked for, is not active here: each line as the loader printed it
     (activation failed, the installer could not start, a gate group refused or failed to
-    install). Empty when it is active, waiting for vllm_ascend, or off."""
+    install). Empty when it is active, waiting for vllm_ascend, or off. ``probe``: also import
+    the installer as the trigger would, if it has not run here (the ``status`` command)."""
     if mode == settings.OFF:
         return []
     found = []
@@ -100,18 +101,23 @@ def inactive(mode: str, gates: dict[str, dict[str, str]]) -> list[str]:
             f"activation failed (mode={mode}), continuing without the overlay: "
             f"{loader_state.ENABLE_ERROR}"
         )
-    from ascend_graph_patch import activation
+    if loader_state.START_ERROR is not None:
+        found.append(loader_state.START_ERROR)
+    elif probe and "ascend_graph_patch.installer" not in sys.modules:
+        from ascend_graph_patch import activation
 
-    problem = activation.installer_problem()
-    if problem is not None:
-        found.append(problem)
+        problem = activation.installer_problem()
+        if problem is not None:
+            found.append(problem)
     for group, verdict in gates.items():
         if isinstance(verdict, dict) and verdict.get("verdict") == "refused":
             found.append(f"not installed ({group}): {verdict.get('reason')}")
     return found
 
 
-def snapshot(check: bool = False) -> dict[str, Any]:
+def snapshot(check: bool = False, probe: bool = False) -> dict[str, Any]:
+    """This process's report; ``probe``: see :func:`inactive` (the status files never probe:
+    every process writes one at exit)."""
     from ascend_graph_patch import state
 
     if check:
@@ -141,7 +147,7 @@ def snapshot(check: bool = False) -> dict[str, Any]:
     fault = getattr(sys.modules.get("ascend_graph_patch.fail_fast"), "LAST", None)
     return {
         "mode": mode,
-        "inactive": inactive(settings.mode() if mode == settings.OFF else mode, gates),
+        "inactive": inactive(settings.mode() if mode == settings.OFF else mode, gates, probe),
         "env_mode": settings.mode(),
         "strict": settings.strict(),
         "force": settings.force(),

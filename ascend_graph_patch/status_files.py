@@ -298,7 +298,7 @@ _SCALARS = ("pid", "rank", "mode", "graphs_owned")
 
 def _fault(value: Any) -> bool:
     return isinstance(value, dict) and all(
-        v is None or isinstance(v, (str, int)) for v in value.values()
+        v is None or isinstance(v, (str, int, float)) for v in value.values()
     )
 
 
