@@ -180,7 +180,7 @@ class _StatusCommand:
 
         if args.from_dir is not None:
             return _status_from(args.from_dir, args.json)
-        snap = status.snapshot(check=args.check, probe=True)
+        snap = status.snapshot(check=args.check)
         if args.json:
             print(json.dumps(snap, indent=2, default=str))
         else:

@@ -115,9 +115,9 @@ def inactive(mode: str, gates: dict[str, dict[str, str]], probe: bool = False) -
     return found
 
 
-def snapshot(check: bool = False, probe: bool = False) -> dict[str, Any]:
-    """This process's report; ``probe``: see :func:`inactive` (the status files never probe:
-    every process writes one at exit)."""
+def snapshot(check: bool = False, probe: bool = True) -> dict[str, Any]:
+    """This process's report; ``probe``: see :func:`inactive` (the status files do not probe:
+    every process writes one at exit, most of them never load vllm-ascend)."""
     from ascend_graph_patch import state
 
     if check:

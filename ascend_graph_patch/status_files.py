@@ -96,7 +96,7 @@ class StatusWriter:
         from ascend_graph_patch import state, status
 
         try:
-            snap = status.snapshot()
+            snap = status.snapshot(probe=False)
             # Keep the rank once known: the last write, at exit, comes after vLLM destroyed
             # the process group, and the file must still say which rank counted this.
             current = rank()
