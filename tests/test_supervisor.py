@@ -1,0 +1,188 @@
+"""The process supervisor: what a command starts ends when the command ends, however it ends.
+
+Each case runs a small command in a fresh process (signals, SIGKILL), whose children carry a
+marker in their environment (``process_support``), and looks for any of them afterwards. The
+negative control starts the same children as the orchestrator did before the supervisor (a
+session of their own, nothing else): killed with SIGKILL, that command leaves them running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ascend_graph_patch import supervisor
+from tests.process_support import MARK, kill_marked, marked, new_mark, wait_for, wait_gone
+
+COMMAND = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from ascend_graph_patch import supervisor
+
+    supervisor.GRACE = float(os.environ.get("TEST_GRACE", "5"))
+    # a child and its grandchild in its group: a worker and the engine core vLLM forks for it
+    FAMILY = "import os, time\\nos.fork()\\ntime.sleep(300)"
+    STUBBORN = "import signal\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" + FAMILY
+
+
+    def main(how):
+        try:
+            with supervisor.supervise():
+                code = STUBBORN if "stubborn" in how else FAMILY
+                if how == "plain":  # the orchestrator before: a session of its own, no more
+                    subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+                else:
+                    supervisor.start([sys.executable, "-c", code])
+                if "adopt" in how:  # a forked child in a group of its own, as the engine arm's
+                    pid = os.fork()
+                    if pid == 0:
+                        os.setpgid(0, 0)
+                        supervisor.die_with_parent()
+                        os.fork()
+                        time.sleep(300)
+                        os._exit(0)
+                    supervisor.adopt(pid)
+                print("ready", flush=True)
+                if how == "raise":
+                    raise RuntimeError("boom")
+                if how == "done":
+                    return 0
+                time.sleep(300)
+        except supervisor.Interrupted as exc:
+            print(f"interrupted {exc.name}", flush=True)
+            return exc.exit_code
+
+
+    sys.exit(main(sys.argv[1]))
+    """
+)
+
+
+class Command:
+    """One run of ``COMMAND`` with its own marker; its output goes to a file (the children would
+    hold a pipe open: a killed command's output would never end)."""
+
+    def __init__(self, tmp_path: Path, how: str, grace: float = 5.0) -> None:
+        script = tmp_path / "command.py"
+        script.write_text(COMMAND)
+        self.mark = new_mark()
+        self.log = tmp_path / "output"
+        env = {**os.environ, MARK: self.mark, "TEST_GRACE": str(grace)}
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), how], env=env, stdout=log, stderr=log
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def ready(self, processes: int) -> None:
+        """Wait for the command's word and for ``processes`` marked processes besides it."""
+        end = time.monotonic() + 60
+        while "ready" not in self.output and self.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert "ready" in self.output, self.output
+        found = wait_for(self.mark, processes + 1, deadline=30)
+        assert len(found) >= processes + 1, found
+
+    def end(self, signum: int) -> int:
+        self.proc.send_signal(signum)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def commands(tmp_path: Path):
+    made: list[Command] = []
+
+    def make(how: str, grace: float = 5.0) -> Command:
+        sub = tmp_path / f"c{len(made)}"
+        sub.mkdir()
+        made.append(Command(sub, how, grace))
+        return made[-1]
+
+    yield make
+    for cmd in made:  # whatever a failed test left behind
+        if cmd.proc.poll() is None:
+            cmd.proc.kill()
+            cmd.proc.wait()
+        kill_marked(cmd.mark)
+
+
+def test_sigkill_of_the_command_ends_every_process_it_started(commands) -> None:
+    """SIGKILL: no code of the command runs. The guardian and the parent-death signal stop the
+    child, its grandchild in its group, and a forked child in a group of its own with its own
+    grandchild. Negative control: the same children started as before leave all running."""
+    supervised, plain = commands("adopt"), commands("plain")
+    supervised.ready(processes=5)  # child, grandchild, adopted child and its child, guardian
+    plain.ready(processes=2)
+    assert supervised.end(signal.SIGKILL) == -signal.SIGKILL
+    assert plain.end(signal.SIGKILL) == -signal.SIGKILL
+    assert wait_gone(supervised.mark) == {}
+    left = wait_gone(plain.mark, deadline=2.0)
+    assert len(left) == 2, left  # the negative control: both outlive their command
+
+
+@pytest.mark.parametrize(
+    "signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)]
+)
+def test_a_signal_stops_the_children_and_exits_by_the_shells_convention(
+    commands, signum: int, code: int
+) -> None:
+    cmd = commands("adopt")
+    cmd.ready(processes=5)
+    assert cmd.end(signum) == code, cmd.output
+    assert f"interrupted {signal.Signals(signum).name}" in cmd.output
+    assert wait_gone(cmd.mark) == {}
+
+
+def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(commands) -> None:
+    """Politely first, then SIGKILL: by the command on SIGTERM, by the guardian on SIGKILL."""
+    by_signal, by_guardian = commands("stubborn", grace=0.5), commands("stubborn adopt", 0.5)
+    by_signal.ready(processes=3)
+    by_guardian.ready(processes=5)
+    assert by_signal.end(signal.SIGTERM) == 143, by_signal.output
+    assert by_guardian.end(signal.SIGKILL) == -signal.SIGKILL
+    assert wait_gone(by_signal.mark) == {}
+    assert wait_gone(by_guardian.mark) == {}
+
+
+@pytest.mark.parametrize("how, code", [("raise", 1), ("done", 0)])
+def test_an_exception_or_the_end_stops_the_children_and_the_guardian(
+    commands, how: str, code: int
+) -> None:
+    cmd = commands(how)
+    assert cmd.proc.wait(timeout=60) == code
+    assert wait_gone(cmd.mark) == {}
+
+
+def test_stop_clears_the_group_and_forgets_it() -> None:
+    """In this process: a child whose grandchild outlives it is cleared by stop(); stop() of an
+    ended child with an empty group is quick; the registry is empty afterwards."""
+    mark = new_mark()
+    env = {**os.environ, MARK: mark}
+    code = "import os, sys, time\nif os.fork(): sys.exit(0)\ntime.sleep(300)"
+    proc = supervisor.start([sys.executable, "-c", code], env=env)
+    try:
+        proc.wait(timeout=60)
+        assert len(wait_for(mark, 1, deadline=30)) == 1  # the orphaned grandchild runs on
+        assert proc.pid in supervisor.children()
+        assert supervisor.stop(proc) == 0
+        assert marked(mark) == {} and proc.pid not in supervisor.children()
+        assert supervisor.stop(proc) == 0  # again: nothing left, nothing to wait for
+    finally:
+        kill_marked(mark)
+
+
+def test_interrupted_is_a_keyboard_interrupt_with_the_shells_exit_status() -> None:
+    exc = supervisor.Interrupted(signal.SIGTERM)
+    assert isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Exception)
+    assert (exc.name, exc.exit_code) == ("SIGTERM", 143)
+    assert supervisor.Interrupted(signal.SIGHUP).exit_code == 129
