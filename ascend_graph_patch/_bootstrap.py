@@ -17,13 +17,8 @@ stock.
 import os
 import sys
 
-#: The parsed mode once :func:`bootstrap` ran (``off`` included). ``None``: it never ran, which
-#: is normal when off (the ``.pth`` pre-filter does not import this module then).
-MODE: "str | None" = None
-#: True once :func:`bootstrap` ran in this process (whichever way in came first).
-BOOTSTRAPPED = False
-#: One-line reason if ``activation.enable`` raised (the overlay then stays stock, as far as it can).
-ENABLE_ERROR: "str | None" = None
+from ascend_graph_patch import loader_state
+
 _PREFIX = "ascend-graph-patch: "
 #: Module name prefixes counted by :func:`measure_startup` (our own code and the patch primitive).
 _STARTUP_MODULES = ("ascend_graph_patch", "wrapt")
@@ -65,19 +60,20 @@ def bootstrap() -> None:
     """Read the toggle once per process; when it is on, hand over to ``activation.enable``.
 
     Idempotent: the first caller wins (normally the ``.pth``); later calls, such as vLLM's
-    ``load_general_plugins`` in the same process, return at once. Never raises.
+    ``load_general_plugins`` in the same process, return at once. Never raises. What it decided
+    is kept in ``loader_state``.
     """
-    global BOOTSTRAPPED, MODE, ENABLE_ERROR
-    if BOOTSTRAPPED:
+    outcome = loader_state
+    if outcome.BOOTSTRAPPED:
         return
-    BOOTSTRAPPED = True
+    outcome.BOOTSTRAPPED = True
     if definitely_off():
-        MODE = "off"
+        outcome.MODE = "off"
         return
     try:
         from ascend_graph_patch import settings
 
-        MODE = settings.mode()
+        outcome.MODE = settings.mode()
         for problem in settings.problems():
             _warn(problem)
         directory = settings.status_dir()
@@ -85,14 +81,17 @@ def bootstrap() -> None:
             from ascend_graph_patch import status_files
 
             status_files.start(directory)
-        if MODE == settings.OFF:
+        if outcome.MODE == settings.OFF:
             return
         from ascend_graph_patch import activation
 
-        activation.enable(MODE)
+        activation.enable(outcome.MODE)
     except Exception as exc:  # the host program must never break because of us
-        ENABLE_ERROR = _describe(exc)
-        _warn(f"activation failed (mode={MODE}), continuing without the overlay: {ENABLE_ERROR}")
+        outcome.ENABLE_ERROR = _describe(exc)
+        _warn(
+            f"activation failed (mode={outcome.MODE}), continuing without the overlay: "
+            f"{outcome.ENABLE_ERROR}"
+        )
 
 
 def _sum_importtime(stderr: str, prefixes: tuple[str, ...] = _STARTUP_MODULES) -> float:

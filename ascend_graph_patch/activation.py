@@ -12,8 +12,15 @@ from __future__ import annotations
 import sys
 import threading
 
+from ascend_graph_patch import loader_state
+
 _lock = threading.RLock()
 _mode: str | None = None
+
+
+def start_failure(exc: BaseException) -> str:
+    """The line the loader prints when the installer cannot start (``status`` shows the same)."""
+    return f"could not start the installer ({exc!r}); stock"
 
 
 def _start() -> None:
@@ -26,7 +33,21 @@ def _start() -> None:
 
         installer.start(mode)
     except Exception as exc:
-        sys.stderr.write(f"ascend-graph-patch: could not start the installer ({exc!r}); stock\n")
+        loader_state.START_ERROR = start_failure(exc)
+        sys.stderr.write(f"ascend-graph-patch: {loader_state.START_ERROR}\n")
+
+
+def installer_problem() -> str | None:
+    """Why the installer cannot start in this environment (the loader's line), or None.
+
+    For ``status``: in its own process vllm_ascend never loads, so the installer never tries; this
+    imports it the way the trigger's callback would (wrapt, the gate, the aspect table).
+    """
+    try:
+        from ascend_graph_patch import installer  # noqa: F401
+    except Exception as exc:
+        return start_failure(exc)
+    return None
 
 
 def enable(mode: str) -> None:

@@ -179,21 +179,37 @@ class _StatusCommand:
         from ascend_graph_patch import status
 
         if args.from_dir is not None:
-            from ascend_graph_patch import status_files
-
-            snaps = status_files.read_dir(args.from_dir)
-            if not snaps:
-                print(f"{PROG} status: no status files in {args.from_dir}", file=sys.stderr)
-                return 1
-            merged = status_files.merge(snaps)
-            print(json.dumps(merged, indent=2) if args.json else status.format_text(merged))
-            return 0
+            return _status_from(args.from_dir, args.json)
         snap = status.snapshot(check=args.check)
         if args.json:
             print(json.dumps(snap, indent=2, default=str))
         else:
             print(status.format_text(snap))
         return 1 if args.check and status.check_failed(snap) else 0
+
+
+def _status_from(directory: str, as_json: bool) -> int:
+    """``status --from DIR``: the merged status files; each one left out is named, with why."""
+    from ascend_graph_patch import status, status_files
+
+    snaps, skipped = status_files.scan(directory)
+    if not snaps:
+        named = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped)
+        print(
+            f"{PROG} status: no readable status files in {directory}"
+            + (f" (skipped {named})" if named else ""),
+            file=sys.stderr,
+        )
+        return 1
+    merged = status_files.merge(snaps, skipped)
+    if as_json:
+        print(json.dumps(merged, indent=2))
+        return 0
+    shown = {k: v for k, v in merged.items() if k != "skipped"}
+    print(status.format_text(shown))
+    for entry in merged["skipped"]:
+        print(f"skipped: {entry['file']}: {entry['reason']}")
+    return 0
 
 
 status_command = _StatusCommand()

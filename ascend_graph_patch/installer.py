@@ -164,8 +164,9 @@ def install_group(installation: _Installation, group: str) -> None:
             done.append(aspect.name)
     except Exception as exc:
         unwrap(done)
-        state.STATE.gate[group] = {"verdict": "refused", "reason": f"install failed: {exc!r}"}
-        state.warn_once(f"install:{group}", f"not installed ({group}): {exc!r}")
+        reason = f"install failed: {exc!r}"  # the warning and status say the same
+        state.STATE.gate[group] = {"verdict": "refused", "reason": reason}
+        state.warn_once(f"install:{group}", f"not installed ({group}): {reason}")
         return
     if mode == VERIFY and "verify" not in installation.groups:
         _install_verify(installation, verdict.line)

@@ -27,6 +27,7 @@ ENV_FORCE = PREFIX + "_FORCE"
 ENV_DISABLE = PREFIX + "_DISABLE"
 ENV_DEBUG = PREFIX + "_DEBUG"
 ENV_STATUS_DIR = PREFIX + "_STATUS_DIR"
+ENV_TP_FAULT = PREFIX + "_TP_FAULT"
 
 OFF = "off"
 ON = "on"
@@ -53,9 +54,30 @@ FLAGS: dict[str, str] = {
 #: ``ASCEND_GRAPH_PATCH_DISABLE=*`` disables every aspect (OpenTelemetry's convention).
 ALL_ASPECTS = "*"
 
+#: ``ASCEND_GRAPH_PATCH_TP_FAULT``: what a tensor-parallel worker does after the overlay raised an
+#: update error the executor would not read (``fail_fast``): end itself, so the job fails now
+#: (the default), or wait like stock until a collective times out.
+TP_FAIL = "fail"
+TP_WAIT = "wait"
+ACCEPTED_TP_FAULT = "fail (default; also empty), wait"
+
+#: Messages show at most this many characters of an environment value (then its length).
+SHOWN_CHARS = 40
+
 
 def _env(environ: "Mapping[str, str] | None") -> "Mapping[str, str]":
     return os.environ if environ is None else environ
+
+
+def shown(value: str, limit: int = SHOWN_CHARS, quote: bool = True) -> str:
+    """``value`` for a message: whole (quoted, unless ``quote`` is false) if short and printable,
+    else a quoted prefix and the length (a 5,000-character or escape-laden variable must not flood
+    or garble a warning line)."""
+    if len(value) <= limit and value.isprintable():
+        return repr(value) if quote else value
+    printable = "".join(c if c.isprintable() else "?" for c in value[:limit])
+    what = "characters" if value.isprintable() else "characters, not all printable"
+    return f"{printable!r}... ({len(value)} {what})"
 
 
 def parse_mode(value: "str | None") -> "tuple[str, str | None]":
@@ -71,7 +93,11 @@ def parse_mode(value: "str | None") -> "tuple[str, str | None]":
         return ON, None
     if norm in (OBSERVE, VERIFY):
         return norm, None
-    return OFF, f"ignoring {ENV_MODE}={value!r}: accepted values are {ACCEPTED_MODE}; staying off"
+    return (
+        OFF,
+        f"ignoring {ENV_MODE}={shown(value or '')}: accepted values are {ACCEPTED_MODE}; "
+        "staying off",
+    )
 
 
 def parse_flag(name: str, value: "str | None") -> "tuple[bool, str | None]":
@@ -81,7 +107,10 @@ def parse_flag(name: str, value: "str | None") -> "tuple[bool, str | None]":
         return True, None
     if norm in OFF_VALUES:
         return False, None
-    return False, f"ignoring {name}={value!r}: accepted values are {ACCEPTED_FLAG}; left disabled"
+    return (
+        False,
+        f"ignoring {name}={shown(value or '')}: accepted values are {ACCEPTED_FLAG}; left disabled",
+    )
 
 
 def mode(environ: "Mapping[str, str] | None" = None) -> str:
@@ -114,6 +143,24 @@ def status_dir(environ: "Mapping[str, str] | None" = None) -> "str | None":
     return value or None
 
 
+def parse_tp_fault(value: "str | None") -> "tuple[str, str | None]":
+    """Map a raw ``ASCEND_GRAPH_PATCH_TP_FAULT`` to ``(policy, problem)``; invalid reads as fail."""
+    norm = (value or "").strip().lower()
+    if norm in ("", TP_FAIL):
+        return TP_FAIL, None
+    if norm == TP_WAIT:
+        return TP_WAIT, None
+    return TP_FAIL, (
+        f"ignoring {ENV_TP_FAULT}={shown(value or '')}: accepted values are {ACCEPTED_TP_FAULT}; "
+        "failing fast"
+    )
+
+
+def tp_fault(environ: "Mapping[str, str] | None" = None) -> str:
+    """``ASCEND_GRAPH_PATCH_TP_FAULT``: ``fail`` (end the worker at once) or ``wait`` (stock's)."""
+    return parse_tp_fault(_env(environ).get(ENV_TP_FAULT))[0]
+
+
 def disabled_aspects(environ: "Mapping[str, str] | None" = None) -> frozenset[str]:
     """Aspect names listed in ``ASCEND_GRAPH_PATCH_DISABLE`` (comma-separated, case-insensitive).
 
@@ -135,8 +182,9 @@ def unknown_aspects(known: "Iterable[str]", environ: "Mapping[str, str] | None" 
     unknown = sorted(n for n in disabled_aspects(environ) if n != ALL_ASPECTS and n not in names)
     if not unknown:
         return ""
+    named = ", ".join(shown(n, quote=False) for n in unknown)
     return (
-        f"{ENV_DISABLE}: no aspect named {', '.join(unknown)} (ignored); "
+        f"{ENV_DISABLE}: no aspect named {named} (ignored); "
         f"known aspects: {', '.join(sorted(names))}, or * for all"
     )
 
@@ -152,9 +200,15 @@ def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
         _, problem = parse_flag(name, env.get(name))
         if problem:
             found.append(problem)
+    _, problem = parse_tp_fault(env.get(ENV_TP_FAULT))
+    if problem:
+        found.append(problem)
     # ASCEND_GRAPH_PATCH_SIM is the simulator's (torch-npu-sim) older name for TORCH_NPU_SIM.
-    known = {ENV_MODE, ENV_DISABLE, ENV_STATUS_DIR, *FLAGS, PREFIX + "_SIM"}
+    known = {ENV_MODE, ENV_DISABLE, ENV_STATUS_DIR, ENV_TP_FAULT, *FLAGS, PREFIX + "_SIM"}
     for name in sorted(env):
         if name.startswith(PREFIX + "_") and name not in known:
-            found.append(f"unknown variable {name} (ignored); known: {', '.join(sorted(known))}")
+            found.append(
+                f"unknown variable {shown(name, quote=False)} (ignored); "
+                f"known: {', '.join(sorted(known))}"
+            )
     return found

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from ascend_graph_patch import settings
+from ascend_graph_patch import loader_state, settings
 from ascend_graph_patch.lines import installed_version
 
 #: Distributions whose versions ``status`` reports.
@@ -60,7 +60,8 @@ def loader_warnings(environ: dict[str, str] | None = None) -> list[str]:
         allowed = {p.strip() for p in plugins.split(",") if p.strip()}
         if "ascend_graph_patch" not in allowed:
             found.append(
-                f"VLLM_PLUGINS={plugins!r} leaves out ascend_graph_patch: an interpreter that "
+                f"VLLM_PLUGINS={settings.shown(plugins)} leaves out ascend_graph_patch: an "
+                "interpreter that "
                 "skips the .pth loader (python -S, site-packages reached through PYTHONPATH) "
                 "will not load the overlay; add ascend_graph_patch to VLLM_PLUGINS"
             )
@@ -83,8 +84,37 @@ def _check_now() -> None:
         importlib.import_module(name)
 
 
-def snapshot(check: bool = False) -> dict[str, Any]:
-    from ascend_graph_patch import _bootstrap, state
+def inactive(mode: str, gates: dict[str, dict[str, str]], probe: bool = False) -> list[str]:
+    """Why the overlay, though asked for, is not active here: each line as the loader printed it
+    (activation failed, the installer could not start, a gate group refused or failed to
+    install). Empty when it is active, waiting for vllm_ascend, or off. ``probe``: also import
+    the installer as the trigger would, if it has not run here (the ``status`` command)."""
+    if mode == settings.OFF:
+        return []
+    found = []
+    if loader_state.ENABLE_ERROR is not None:
+        found.append(
+            f"activation failed (mode={mode}), continuing without the overlay: "
+            f"{loader_state.ENABLE_ERROR}"
+        )
+    if loader_state.START_ERROR is not None:
+        found.append(loader_state.START_ERROR)
+    elif probe and "ascend_graph_patch.installer" not in sys.modules:
+        from ascend_graph_patch import activation
+
+        problem = activation.installer_problem()
+        if problem is not None:
+            found.append(problem)
+    for group, verdict in gates.items():
+        if isinstance(verdict, dict) and verdict.get("verdict") == "refused":
+            found.append(f"not installed ({group}): {verdict.get('reason')}")
+    return found
+
+
+def snapshot(check: bool = False, probe: bool = True) -> dict[str, Any]:
+    """This process's report; ``probe``: see :func:`inactive` (the status files do not probe:
+    every process writes one at exit, most of them never load vllm-ascend)."""
+    from ascend_graph_patch import state
 
     if check:
         _check_now()
@@ -109,14 +139,17 @@ def snapshot(check: bool = False) -> dict[str, Any]:
             if group not in gates:
                 waiting = ", ".join(m for m in modules if m not in s.modules_seen)
                 gates[group] = {"verdict": "pending", "reason": f"modules not loaded: {waiting}"}
+    mode = s.mode if s.mode != settings.OFF else (loader_state.MODE or settings.OFF)
+    fault = getattr(sys.modules.get("ascend_graph_patch.fail_fast"), "LAST", None)
     return {
-        "mode": s.mode if s.mode != settings.OFF else (_bootstrap.MODE or settings.OFF),
+        "mode": mode,
+        "inactive": inactive(settings.mode() if mode == settings.OFF else mode, gates, probe),
         "env_mode": settings.mode(),
         "strict": settings.strict(),
         "force": settings.force(),
         "disabled_aspects": sorted(settings.disabled_aspects()),
         "environment_problems": settings.problems() + loader_warnings(),
-        "enable_error": _bootstrap.ENABLE_ERROR,
+        "enable_error": loader_state.ENABLE_ERROR,
         "simulator": simulator_in_use(),
         "loader_files": loader_files(),
         "versions": {d: installed_version(d) for d in DISTS},
@@ -129,6 +162,7 @@ def snapshot(check: bool = False) -> dict[str, Any]:
         "graphs_refused": refused,
         "tasks_per_kind": tasks,
         "counters": dict(sorted(s.counters.items())),
+        "fault": fault,
     }
 
 

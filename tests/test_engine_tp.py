@@ -12,8 +12,11 @@ that change every step. Then:
   update; each worker also wrote its status file under its pid and rank;
 - verify finds no mismatch on any rank;
 - the negative control (every relaunch skipped) gives other tokens: the comparison can fail;
-- a relaunch raising on rank 1 only ends the job with that error, in stock and overlay alike,
-  within the case's timeout: no rank left with wrong output, none waiting forever in a collective.
+- a relaunch raising on rank 1 only: the overlay raises it as stock would, records it in the rank's
+  status file and ends that worker, so vLLM fails the job at once (fork and spawn; the collective
+  timeout there is longer than a case may run, so waiting cannot pass); stock waits in a
+  collective until its timeout (30 s here), and so does the overlay told to
+  (``ASCEND_GRAPH_PATCH_TP_FAULT=wait``), the negative control.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ GRAPH_ARMS = ("stock", "overlay", "verify")
 def tp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("engine-tp")
     results = tp.run(root, root / "models")
-    table = tp.table(results)
+    table = tp.table(results) + "\n\n" + tp.fault_table(root, results)
     (root / "table.md").write_text(table + "\n")
     print("\n" + table)
     yield root, results
@@ -173,24 +176,88 @@ def test_negative_control_differs_from_eager_tp1(results: dict[str, Any]) -> Non
     assert len(skipped) == 2 and all(skipped), skipped
 
 
-def test_a_fault_on_one_rank_ends_the_job_as_stock_does(
-    tp_run: tuple[Path, dict[str, Any]],
+@pytest.fixture(scope="module")
+def faults(tp_run: tuple[Path, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The fault cases' rows (``tp.fault_rows``) by (arm, case name)."""
+    return {(r["arm"], r["case"]): r for r in tp.fault_rows(*tp_run)}
+
+
+def _fault_record(root: Path, arm: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The fault record in the status file of the case's rank 1."""
+    from ascend_graph_patch import status_files
+
+    ranks = [
+        s
+        for s in status_files.read_dir(root / arm / "status")
+        if s["pid"] in tp.case_pids(record) and s.get("rank") == 1
+    ]
+    return ranks[0].get("fault") if len(ranks) == 1 else {"ranks found": len(ranks)}
+
+
+def _fired(results: dict[str, Any], arm: str, case: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """The case's record, after checking that its job ended with an error (not killed by the
+    arm's case timeout) and that the fault fired on rank 1."""
+    record = _cases(results, arm)[case.name]
+    error = record.get("error") or ""
+    assert error, f"{case.name}: no error, tokens {record.get('tokens')}"
+    assert "timed out after" not in error and "without a result" not in error, error
+    assert rank_fault.MESSAGE.format(n=3, rank=1) in row["log"], "the fault never fired"
+    return record
+
+
+@pytest.mark.parametrize("case", [tp.FAULT_CASE, tp.FAULT_SPAWN_CASE], ids=["fork", "spawn"])
+def test_a_failed_update_on_one_rank_ends_the_job_at_once(
+    tp_run: tuple[Path, dict[str, Any]], faults: dict[tuple[str, str], dict[str, Any]], case: Any
 ) -> None:
-    """Rank 1's third relaunch raises; rank 0 runs on into a collective rank 1 never joins (stock:
-    the replay's all-reduce; the overlay, which releases the failed graph's events, the logits
-    all-gather after it) until the collective's timeout. The job must end with an error in both
-    arms, the same one, and return no tokens: never a hang past the timeout, never output."""
+    """Rank 1's third relaunch raises. The overlay raises that error as stock would, records it,
+    and ends rank 1's worker (rank 0 is the one the executor reads): vLLM's worker monitor fails
+    the job. The collective timeout is longer than the case may run: waiting cannot pass. The
+    user sees the original error (type, message, rank, graph size, task) in the line that ends
+    the job and in the rank's status file."""
     root, results = tp_run
-    outcomes = {}
-    for arm in ("stock", "overlay"):
-        record = _cases(results, arm)[tp.FAULT_CASE.name]
-        error = record.get("error") or ""
-        assert error, f"{arm}: no error, tokens {record.get('tokens')}"
-        assert "timed out after" not in error and "without a result" not in error, error
-        log = (root / arm / "log").read_text(errors="replace")
-        assert rank_fault.MESSAGE.format(n=3, rank=1) in log, f"{arm}: the fault never fired"
-        outcomes[arm] = error.splitlines()[0]
-    assert outcomes["overlay"] == outcomes["stock"], outcomes
+    row = faults[("overlay", case.name)]
+    record = _fired(results, "overlay", case, row)
+    assert row["outcome"] == "worker ended by the overlay; vLLM failed the job", row["log"][-3000:]
+    assert "Timed out waiting" not in row["log"]
+    (line,) = [x for x in row["log"].splitlines() if "ending this worker now" in x]
+    for part in ("rank 1 of 2", "RuntimeError: " + rank_fault.MESSAGE.format(n=3, rank=1)):
+        assert part in line, line
+    fault = _fault_record(root, "overlay", record)
+    assert fault is not None and {k: fault.get(k) for k in ("type", "message", "rank")} == {
+        "type": "RuntimeError",
+        "message": rank_fault.MESSAGE.format(n=3, rank=1),
+        "rank": 1,
+    }, fault
+    assert fault["world_size"] == 2 and fault["action"] == "ended this worker", fault
+    assert fault["graph_size"] in (1, 2, 4) and f"size {fault['graph_size']}" in line, fault
+    assert "model.layers." in fault["task"] and fault["task"] in line, fault
+
+
+def test_stock_waits_for_the_collective_timeout(
+    tp_run: tuple[Path, dict[str, Any]], faults: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """Stock, the same fault: rank 0 waits in a collective rank 1 never joins until it times out
+    (the difference with the overlay is real)."""
+    row = faults[("stock", tp.STOCK_FAULT_CASE.name)]
+    _fired(tp_run[1], "stock", tp.STOCK_FAULT_CASE, row)
+    assert row["outcome"] == f"collective timed out ({tp.WAIT_TIMEOUT} s)", row["log"][-3000:]
+    assert "died unexpectedly" not in row["log"]
+
+
+def test_told_to_wait_the_overlay_waits_as_stock_does(
+    tp_run: tuple[Path, dict[str, Any]], faults: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """The negative control: ``ASCEND_GRAPH_PATCH_TP_FAULT=wait`` keeps stock's behaviour (the
+    fault still raised and recorded in the rank's status file). In the control arm (relaunches
+    skipped, the fault raising at the third all the same): see ``tp.WAIT_FAULT_CASE``."""
+    root, results = tp_run
+    row = faults[("control", tp.WAIT_FAULT_CASE.name)]
+    record = _fired(results, "control", tp.WAIT_FAULT_CASE, row)
+    assert row["outcome"] == f"collective timed out ({tp.WAIT_TIMEOUT} s)", row["log"][-3000:]
+    assert "ending this worker" not in row["log"] and "died unexpectedly" not in row["log"]
+    fault = _fault_record(root, "control", record)
+    assert fault is not None and fault.get("action") == "raised into the engine", fault
+    assert fault.get("message") == rank_fault.MESSAGE.format(n=3, rank=1), fault
 
 
 # --- the A/B on the real engine at TP=2 ------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_graph_patch import _bootstrap, activation, settings
+from ascend_graph_patch import _bootstrap, activation, loader_state, settings
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -28,7 +28,7 @@ ENV_PREFIX = "ASCEND_GRAPH_PATCH"
 PROBE = textwrap.dedent(
     """
     import json, sys
-    boot = sys.modules.get("ascend_graph_patch._bootstrap")
+    boot = sys.modules.get("ascend_graph_patch.loader_state")
     print(json.dumps({
         "heavy": [m for m in ("torch", "vllm", "vllm_ascend", "wrapt") if m in sys.modules],
         "ours": sorted(m for m in sys.modules
@@ -73,7 +73,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def fresh(env: pytest.MonkeyPatch) -> list[str]:
     """Bootstrap state reset (restored afterwards) and a recording fake ``activation.enable``."""
     for name, value in [("BOOTSTRAPPED", False), ("MODE", None), ("ENABLE_ERROR", None)]:
-        env.setattr(_bootstrap, name, value)
+        env.setattr(loader_state, name, value)
     calls: list[str] = []
     env.setattr(activation, "enable", calls.append)
     return calls
@@ -206,7 +206,7 @@ def test_pth_prefilter_matches_settings() -> None:
 def test_off_does_not_enable(fresh: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     _bootstrap.bootstrap()
     assert fresh == []
-    assert _bootstrap.MODE == "off"
+    assert loader_state.MODE == "off"
     assert capsys.readouterr().err == ""
 
 
@@ -218,7 +218,7 @@ def test_enabled_mode_calls_enable(
 ) -> None:
     env.setenv("ASCEND_GRAPH_PATCH", raw)
     _bootstrap.bootstrap()
-    assert (fresh, _bootstrap.MODE) == ([expected], expected)
+    assert (fresh, loader_state.MODE) == ([expected], expected)
 
 
 def test_invalid_value_warns_once_and_stays_off(
@@ -229,7 +229,7 @@ def test_invalid_value_warns_once_and_stays_off(
     _bootstrap.bootstrap()
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("ascend-graph-patch: ") and "'maybe'" in err[0]
-    assert fresh == [] and _bootstrap.MODE == "off"
+    assert fresh == [] and loader_state.MODE == "off"
 
 
 def test_invalid_flag_warns_once_and_the_overlay_still_comes_up(
@@ -263,7 +263,7 @@ def test_enable_failure_is_one_warning(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("ascend-graph-patch: ")
     assert "RuntimeError: seam moved" in err[0]
-    assert _bootstrap.ENABLE_ERROR == "RuntimeError: seam moved"
+    assert loader_state.ENABLE_ERROR == "RuntimeError: seam moved"
 
 
 def test_debug_adds_traceback(
@@ -359,7 +359,7 @@ SPAWN_SCRIPT = """
 import json, multiprocessing, sys
 
 def child(path):
-    boot = sys.modules.get("ascend_graph_patch._bootstrap")
+    boot = sys.modules.get("ascend_graph_patch.loader_state")
     with open(path, "w") as fh:
         json.dump({"mode": getattr(boot, "MODE", None),
                    "bootstrapped": getattr(boot, "BOOTSTRAPPED", False)}, fh)
@@ -420,3 +420,167 @@ def test_startup_measurement_sees_the_loader_only_when_enabled() -> None:
     on = _bootstrap.measure_startup("observe", repeats=1)
     assert off == 0.0
     assert on > 0.0  # the measurement does see the loader's imports when enabled
+
+
+# --- why the overlay is inactive: status says what the loader printed (issue 27) ---------------
+
+BROKEN_WRAPT = "raise ImportError('wrapt is broken here')\n"
+
+
+def test_status_says_the_installer_cannot_start_as_the_loader_does(tmp_path: Path) -> None:
+    """wrapt unimportable: when vllm_ascend loads, the loader prints one line and stays stock;
+    ``status`` in the same environment (its own process never loads vllm_ascend) says the same,
+    in the text and in ``--json``, instead of ``mode: on`` and nothing else."""
+    (tmp_path / "wrapt").mkdir()
+    (tmp_path / "wrapt" / "__init__.py").write_text(BROKEN_WRAPT)
+    (tmp_path / "vllm_ascend").mkdir()
+    (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
+    env = clean_env(ASCEND_GRAPH_PATCH="on", PYTHONPATH=str(tmp_path))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    loader = run("-c", "import vllm_ascend")
+    assert loader.returncode == 0, loader.stderr
+    (printed,) = loader.stderr.splitlines()
+    reason = printed.removeprefix("ascend-graph-patch: ")
+    assert reason.startswith("could not start the installer (ImportError('wrapt is broken here'")
+    as_json = run("-m", "ascend_graph_patch.cli", "status", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["inactive"] == [reason]
+    text = run("-m", "ascend_graph_patch.cli", "status")
+    assert f"inactive: {reason}" in " ".join(text.stdout.split())
+
+
+@pytest.fixture
+def overlay_state(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The overlay's per-process state, emptied for the test and restored after it."""
+    from ascend_graph_patch import state
+
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX):
+            monkeypatch.delenv(key)
+    monkeypatch.setattr(state, "STATE", state.OverlayState())
+    return monkeypatch
+
+
+@pytest.mark.parametrize("failure", ["gate", "install"])
+def test_status_names_a_refused_or_failed_group_as_the_warning_did(
+    overlay_state: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], failure: str
+) -> None:
+    from ascend_graph_patch import gate, installer, status
+    from ascend_graph_patch.aspects import scope
+
+    if failure == "gate":
+        refusal = gate.Verdict(False, "seam drift (signature of X): moved")
+        overlay_state.setattr(gate, "check", lambda group, force=False: refusal)
+    else:
+
+        def broken_wrap(*args: object) -> None:
+            raise RuntimeError("cannot wrap")
+
+        overlay_state.setattr(installer, "wrap", broken_wrap)
+    overlay_state.setattr(scope, "ACTIVE", None)
+    overlay_state.setenv(ENV_PREFIX, "on")
+    line = gate.candidate_line()
+    installer.install_group(installer._Installation("on", line, set(), set()), "v1")
+    (printed,) = capsys.readouterr().err.splitlines()
+    assert printed.startswith("ascend-graph-patch: not installed (v1): ")
+    from ascend_graph_patch import state
+
+    state.STATE.mode = "on"
+    assert status.snapshot()["inactive"] == [printed.removeprefix("ascend-graph-patch: ")]
+
+
+def test_status_names_an_activation_failure_as_the_loader_did(
+    fresh: list[str], env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ascend_graph_patch import state, status
+
+    def boom(mode_: str) -> None:
+        raise RuntimeError("seam moved")
+
+    env.setattr(activation, "enable", boom)
+    env.setattr(state, "STATE", state.OverlayState())
+    env.setenv("ASCEND_GRAPH_PATCH", "on")
+    _bootstrap.bootstrap()
+    (printed,) = capsys.readouterr().err.splitlines()
+    snap = status.snapshot()
+    assert snap["mode"] == "on"
+    assert snap["inactive"] == [printed.removeprefix("ascend-graph-patch: ")]
+
+
+def test_status_shows_nothing_inactive_when_off_or_merely_waiting(
+    overlay_state: pytest.MonkeyPatch,
+) -> None:
+    from ascend_graph_patch import status
+
+    assert status.snapshot()["inactive"] == []  # off
+    overlay_state.setenv(ENV_PREFIX, "on")  # on, vllm_ascend not loaded here: pending, not broken
+    assert status.snapshot()["inactive"] == []
+
+
+# --- environment values in messages: a prefix and the length (issue 27) ------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        (settings.ENV_MODE, "on" * 2500),
+        (settings.ENV_STRICT, "y" * 5000),
+        (settings.ENV_TP_FAULT, "w" * 5000),
+        (settings.ENV_MODE, "on\x1b[2J\x1b[31mpwned"),
+    ],
+)
+def test_long_or_unprintable_values_are_shortened_in_warnings(name: str, raw: str) -> None:
+    (problem,) = settings.problems({name: raw})
+    assert f"({len(raw)} characters" in problem
+    assert len(problem) < 300 and problem.isprintable(), problem
+
+
+def test_short_printable_values_are_shown_whole() -> None:
+    (problem,) = settings.problems({settings.ENV_MODE: "maybe"})
+    assert "ASCEND_GRAPH_PATCH='maybe':" in problem
+    assert settings.shown("x" * settings.SHOWN_CHARS) == repr("x" * settings.SHOWN_CHARS)
+
+
+def test_a_long_unknown_variable_name_and_aspect_are_shortened() -> None:
+    name = ENV_PREFIX + "_" + "X" * 4000
+    (problem,) = settings.problems({name: "1"})
+    assert len(problem) < 400 and "(4019 characters)" in problem
+    unknown = settings.unknown_aspects(["replay.update"], {settings.ENV_DISABLE: "z" * 5000})
+    assert len(unknown) < 300 and "(5000 characters)" in unknown
+
+
+def test_a_long_vllm_plugins_value_is_shortened_in_status() -> None:
+    from ascend_graph_patch import status
+
+    (warning,) = [
+        w
+        for w in status.loader_warnings({ENV_PREFIX: "on", "VLLM_PLUGINS": "ascend," * 1000})
+        if "VLLM_PLUGINS" in w
+    ]
+    assert "(7000 characters)" in warning and len(warning) < 400
+
+
+# --- ASCEND_GRAPH_PATCH_TP_FAULT ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, "fail"), ("", "fail"), (" Fail ", "fail"), ("WAIT", "wait")]
+)
+def test_tp_fault_accepted(raw: str | None, expected: str) -> None:
+    environ = {} if raw is None else {settings.ENV_TP_FAULT: raw}
+    assert settings.tp_fault(environ) == expected
+    assert settings.problems(environ) == []
+
+
+@pytest.mark.parametrize("raw", ["abort", "0", "exit"])
+def test_tp_fault_invalid_fails_fast_with_one_line(raw: str) -> None:
+    environ = {settings.ENV_TP_FAULT: raw}
+    assert settings.tp_fault(environ) == "fail"
+    (problem,) = settings.problems(environ)
+    assert settings.ENV_TP_FAULT in problem and "fail" in problem and "wait" in problem

@@ -139,7 +139,7 @@ def test_installed_wheel_runs_the_loader(wheel: Path, tmp_path: Path) -> None:
         assert (site / name).is_file()
 
     probe = (
-        "import json, sys; b = sys.modules.get('ascend_graph_patch._bootstrap'); "
+        "import json, sys; b = sys.modules.get('ascend_graph_patch.loader_state'); "
         "print(json.dumps([getattr(b, 'MODE', None), getattr(b, '__file__', '')]))"
     )
     # An invalid value makes the bootstrap speak, which proves the wheel's .pth ran it.

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,176 @@ def test_a_multiprocessing_child_ending_in_os_exit_writes_its_last_counts(tmp_pa
     child = int(proc.stdout.split()[-1])
     snaps = {s["pid"]: s for s in status_files.read_dir(tmp_path / "st")}
     assert snaps[child]["counters"] == {"updates.owned": 5}
+
+
+# --- status files in a shared directory: safe to write, safe to read ---------------------------
+
+
+def test_a_symlink_at_the_old_temporary_name_is_not_followed(tmp_path: Path) -> None:
+    """Someone who can write to the directory plants ``status-<pid>.json.tmp`` (the temporary
+    name the writer used to use, predictable) and ``status-<pid>.json`` as symlinks to a file of
+    the server user's: neither file is written through."""
+    directory = tmp_path / "sd"
+    directory.mkdir()
+    victims = [tmp_path / "victim-tmp", tmp_path / "victim-final"]
+    for victim in victims:
+        victim.write_text("precious")
+    (directory / f"status-{os.getpid()}.json.tmp").symlink_to(victims[0])
+    (directory / f"status-{os.getpid()}.json").symlink_to(victims[1])
+    writer = status_files.StatusWriter(directory)
+    writer.write()
+    assert writer.failed is None, writer.failed
+    assert [v.read_text() for v in victims] == ["precious", "precious"]
+    written = directory / f"status-{os.getpid()}.json"
+    assert not written.is_symlink() and json.loads(written.read_text())["pid"] == os.getpid()
+
+
+def test_status_files_are_private_and_so_is_a_directory_the_overlay_creates(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0o022)  # the common default: a plain open would give 0644 and 0755
+    try:
+        writer = status_files.StatusWriter(tmp_path / "new" / "sd")
+        writer.write()
+    finally:
+        os.umask(old)
+    assert writer.failed is None, writer.failed
+    assert (tmp_path / "new" / "sd").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    assert writer.path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in (tmp_path / "new" / "sd").iterdir()] == [writer.path.name]
+
+
+def test_a_group_shared_directory_gets_group_readable_files(tmp_path: Path) -> None:
+    """A set-group-ID directory is how a team shares one: its files are readable by the group
+    (never by others), the directory itself is left as it is."""
+    shared = tmp_path / "team"
+    shared.mkdir()
+    shared.chmod(0o2770)
+    old = os.umask(0o022)
+    try:
+        writer = status_files.StatusWriter(shared)
+        writer.write()
+    finally:
+        os.umask(old)
+    assert writer.path.stat().st_mode & 0o777 == 0o640
+    assert shared.stat().st_mode & 0o7777 == 0o2770
+
+
+def _read_in_thread(directory: Path) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def read() -> None:
+        try:
+            box["snaps"], box["skipped"] = status_files.scan(directory)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(30)  # a guard against a hang, not a speed target
+    return thread, box
+
+
+def test_a_fifo_under_a_status_file_name_does_not_hang_the_reader(tmp_path: Path) -> None:
+    (tmp_path / "status-10.json").write_text(json.dumps(_snap(10, 0, {}, 1)))
+    fifo = tmp_path / "status-11.json"
+    os.mkfifo(fifo)
+    thread, box = _read_in_thread(tmp_path)
+    if thread.is_alive():  # release the blocked open, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(30)
+        pytest.fail("the reader blocked opening a FIFO")
+    assert "error" not in box, box
+    assert [s["pid"] for s in box["snaps"]] == [10]
+    assert box["skipped"] == [{"file": "status-11.json", "reason": "not a regular file (a FIFO)"}]
+
+
+def test_a_symlinked_status_file_is_not_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(_snap(12, 0, {}, 1)))
+    directory = tmp_path / "sd"
+    directory.mkdir()
+    (directory / "status-12.json").symlink_to(elsewhere)
+    snaps, skipped = status_files.scan(directory)
+    assert snaps == []
+    assert skipped == [{"file": "status-12.json", "reason": "a symbolic link (not followed)"}]
+
+
+def test_an_oversized_file_is_skipped_unread(tmp_path: Path) -> None:
+    big = _snap(13, 0, {}, 1)
+    big["argv"] = ["x" * status_files.MAX_FILE_BYTES]
+    (tmp_path / "status-13.json").write_text(json.dumps(big))
+    snaps, skipped = status_files.scan(tmp_path)
+    assert snaps == []
+    (entry,) = skipped
+    assert entry["file"] == "status-13.json" and entry["reason"].startswith("too large")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("graphs_owned", "lots", "graphs_owned: not a non-negative integer ('lots')"),
+        ("counters", {"updates.owned": "5"}, "counters: not a mapping of names to integers"),
+        ("counters", [1, 2], "counters: not a mapping of names to integers"),
+        ("pid", "10", "pid: not a positive integer ('10')"),
+        ("rank", 1.5, "rank: not an integer or null (1.5)"),
+        ("gate", {"v1": "supported"}, "gate: not a mapping of groups to verdicts"),
+        ("update_ns", [1, None], "update_ns: not a list of integers"),
+        ("tasks_per_kind", {"fia": True}, "tasks_per_kind: not a mapping of names to integers"),
+        ("graphs_refused", {"k": 3}, "graphs_refused: not a mapping of names to reasons"),
+    ],
+)
+def test_a_file_with_a_field_of_the_wrong_type_is_skipped_by_name(
+    tmp_path: Path, field: str, value: object, reason: str
+) -> None:
+    """One bad file must not end the merge (it did, with TypeError, for ``"graphs_owned":
+    "lots"``): the good files are merged, the bad one is named with its reason."""
+    (tmp_path / "status-10.json").write_text(json.dumps(_snap(10, 0, {"updates.owned": 2}, 1)))
+    bad = _snap(20, 1, {"updates.owned": 3}, 1)
+    bad[field] = value
+    (tmp_path / "status-20.json").write_text(json.dumps(bad))
+    snaps, skipped = status_files.scan(tmp_path)
+    merged = status_files.merge(snaps, skipped)
+    assert merged["processes"] == 1 and merged["counters"] == {"updates.owned": 2}
+    assert merged["skipped"] == [{"file": "status-20.json", "reason": reason}]
+
+
+def test_a_deeply_nested_file_is_skipped_not_a_recursion_error(tmp_path: Path) -> None:
+    (tmp_path / "status-10.json").write_text(json.dumps(_snap(10, 0, {}, 1)))
+    (tmp_path / "status-20.json").write_text('{"pid": 20, "gate": ' + "[" * 100_000)
+    snaps, skipped = status_files.scan(tmp_path)
+    assert [s["pid"] for s in snaps] == [10]
+    assert skipped == [{"file": "status-20.json", "reason": "nested too deeply"}]
+
+
+def test_merge_itself_skips_a_bad_snapshot_it_is_given() -> None:
+    merged = status_files.merge([_snap(10, 0, {}, 1), {"pid": 20, "graphs_owned": "lots"}])
+    assert merged["processes"] == 1
+    assert merged["skipped"] == [
+        {"file": None, "reason": "graphs_owned: not a non-negative integer ('lots')"}
+    ]
+
+
+def test_cli_status_from_names_the_bad_files_in_text_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "status-10.json").write_text(json.dumps(_snap(10, 0, {"updates.owned": 2}, 1)))
+    (tmp_path / "status-20.json").write_text('{"pid": 20, "graphs_owned": "lots"}')
+    os.mkfifo(tmp_path / "status-30.json")
+    assert cli.main(["status", "--from", str(tmp_path), "--json"]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert merged["processes"] == 1 and [s["file"] for s in merged["skipped"]] == [
+        "status-20.json",
+        "status-30.json",
+    ]
+    assert cli.main(["status", "--from", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "status-20.json: graphs_owned: not a non-negative integer ('lots')" in text
+    assert "status-30.json: not a regular file (a FIFO)" in text
+    # only bad files: nothing to show, an error naming them
+    for good in tmp_path.glob("status-10.json"):
+        good.unlink()
+    assert cli.main(["status", "--from", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no readable status files" in err and "status-20.json" in err

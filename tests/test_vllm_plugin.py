@@ -14,8 +14,8 @@ import sys
 PROBE = r"""
 import json, os
 # The toggle is set only now, after start-up: the .pth saw it off and did nothing.
-from ascend_graph_patch import _bootstrap
-before = _bootstrap.MODE
+from ascend_graph_patch import loader_state
+before = loader_state.MODE
 os.environ["ASCEND_GRAPH_PATCH"] = "observe"
 os.environ["TORCH_NPU_SIM"] = "1"
 from vllm.plugins import load_general_plugins
@@ -25,7 +25,7 @@ import vllm_ascend.ops  # noqa: F401  (the seams load: the overlay installs itse
 import vllm_ascend.attention.attention_v1  # noqa: F401
 import vllm_ascend.compilation.acl_graph  # noqa: F401
 from ascend_graph_patch import activation, state
-print(json.dumps({"before": before, "after": _bootstrap.MODE, "state_mode": state.STATE.mode,
+print(json.dumps({"before": before, "after": loader_state.MODE, "state_mode": state.STATE.mode,
                   "installed": "replay.update" in activation.installed()}))
 """
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ascend_graph_patch import state
+from ascend_graph_patch import fail_fast, state
 from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, verify
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import current_role
@@ -132,6 +132,7 @@ def _step_fault(owned: OwnedGraph, fault: StepFault, update_stream: Any) -> Base
     )
     state.warn_once(f"fault:{kind}:{type(error).__name__}", message)
     error.add_note(f"ascend-graph-patch: {message}")
+    fail_fast.raised(error, owned.role, owned.descriptor, str(fault))
     return error
 
 
@@ -145,6 +146,9 @@ def _apply(owned: OwnedGraph, values: list[dict[str, Any]], update_stream: Any) 
             f"fault:apply:{type(exc).__name__}",
             f"{owned.role} graph: {type(exc).__name__}: {exc}; raised to the engine, as stock "
             f"would. {where.removeprefix('ascend-graph-patch: ')}",
+        )
+        fail_fast.raised(
+            exc, owned.role, owned.descriptor, where.removeprefix("ascend-graph-patch: ")
         )
         raise
     state.count_update(len(owned.tasks))

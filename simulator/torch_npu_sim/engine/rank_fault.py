@@ -10,12 +10,17 @@ never an overlay feature; the same idea as ``faults.nth_call_raises``, aimed at 
 
 A peer left in a collective waits for gloo's timeout (30 min by default; on hardware, HCCL's). With
 the fault armed, every gloo group the process creates gets ``TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT``
-seconds (default 60): the waiting rank then fails with gloo's timeout error, the job ends.
+seconds (default 60): the waiting rank then fails with gloo's timeout error, the job ends. When the
+fault fires, one line on stderr (:data:`FIRED`) gives the rank, its pid, its parent's (the engine
+core's) and the wall time, so a test can tell how long the job took to end after it.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+import time
 from typing import Any
 
 from .. import runtime
@@ -23,6 +28,10 @@ from .. import runtime
 ENV_VAR = "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES"
 TIMEOUT_VAR = "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT"
 MESSAGE = "sim fault: relaunch {n} raised on rank {rank}"
+FIRED = "torch-npu-sim: test fault fired on rank {rank}, pid {pid}, parent {parent}, at {at:.3f}"
+FIRED_PATTERN = re.compile(
+    r"torch-npu-sim: test fault fired on rank (\d+), pid (\d+), parent (\d+), at ([\d.]+)"
+)
 
 
 def requested(environ: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -64,6 +73,9 @@ def install(environ: dict[str, str] | None = None) -> bool:
         if _rank() == rank:
             calls["n"] += 1
             if calls["n"] == n:
+                pid, parent, at = os.getpid(), os.getppid(), time.time()
+                fired = FIRED.format(rank=rank, pid=pid, parent=parent, at=at)
+                print(fired, file=sys.stderr, flush=True)
                 raise RuntimeError(MESSAGE.format(n=n, rank=rank))
         return current(name, args, kwargs)
 

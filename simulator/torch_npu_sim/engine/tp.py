@@ -6,12 +6,17 @@ TP all-reduce runs through vllm-ascend's communicator (``dist.all_reduce``), cap
 rank's graphs. The reference is eager TP=1: every TP=2 graph arm must give its tokens. The
 overlay's figures are read in every worker by ``collective_rpc`` (one row per rank).
 
-``python -m torch_npu_sim.engine.tp --out DIR`` runs the arms and prints the table.
+The one-rank fault: rank 1's third relaunch raises (``rank_fault``). Stock leaves rank 0 in a
+collective until it times out; the overlay ends rank 1's worker so that vLLM fails the job at once
+(``ascend_graph_patch.fail_fast``), unless ``ASCEND_GRAPH_PATCH_TP_FAULT=wait``.
+
+``python -m torch_npu_sim.engine.tp --out DIR`` runs the arms and prints the tables.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,8 +27,6 @@ from .cases import Case
 TP = {"tensor_parallel_size": 2}
 FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-#: Rank 1 raises at its third relaunch (step 2 of decode: graphs have replayed already).
-FAULT = {rank_fault.ENV_VAR: "1:3", rank_fault.TIMEOUT_VAR: "60", **FORK}
 
 #: The eager reference: the same model on one device.
 REFERENCE = Case("qwen3", model="qwen3").eager()
@@ -51,29 +54,61 @@ CASES: tuple[Case, ...] = (
     ),
 )
 
-#: Rank 1's third relaunch raises; rank 0 waits in a collective until gloo's timeout (60 s here),
-#: then fails: the job ends with an error, the same in stock and overlay (``docs/engine.md``).
-FAULT_CASE = Case(
-    "qwen3+pa/tp2/fork/fault-rank1",
-    model="qwen3",
-    pa_shape_list=(1, 4),
-    multiprocess=True,
-    engine=TP,
-    environment=FAULT,
+#: A fault case expected to wait for the collective's timeout (stock; the overlay told to wait)
+#: gets this one (seconds): short, for the suite's time; its error names the timeout.
+WAIT_TIMEOUT = 30
+#: A fault case the overlay must end by itself gets a timeout longer than a case may run (600 s):
+#: waiting for it cannot pass.
+FAIL_TIMEOUT = 900
+TP_FAULT_VAR = "ASCEND_GRAPH_PATCH_TP_FAULT"  # the overlay's switch (named, not imported)
+
+
+def _fault_case(
+    name: str, start: dict[str, str], timeout: int, pa: bool = True, **env: str
+) -> Case:
+    """Rank 1 raises at its third relaunch (step 2 of decode: graphs have replayed already).
+    The engine core runs in its own process, vLLM's default (in the arm's process, TP=2 hung at
+    teardown in zmq's ``Context.term`` after an engine failure)."""
+    environment = {rank_fault.ENV_VAR: "1:3", rank_fault.TIMEOUT_VAR: str(timeout), **start, **env}
+    return Case(
+        name,
+        model="qwen3",
+        pa_shape_list=(1, 4) if pa else (),
+        multiprocess=True,
+        engine=TP,
+        environment=environment,
+    )
+
+
+#: The overlay ends the failed worker; vLLM fails the job at once (fork, spawn).
+FAULT_CASE = _fault_case("qwen3+pa/tp2/fork/fault-rank1", FORK, FAIL_TIMEOUT)
+FAULT_SPAWN_CASE = _fault_case("qwen3+pa/tp2/spawn/fault-rank1", SPAWN, FAIL_TIMEOUT)
+#: Stock: rank 0 waits in a collective until the timeout, then the job ends.
+STOCK_FAULT_CASE = _fault_case(
+    f"qwen3+pa/tp2/fork/fault-rank1/timeout-{WAIT_TIMEOUT}s", FORK, WAIT_TIMEOUT
 )
+#: The negative control: the overlay told to wait does as stock does. It runs in the control
+#: arm (overlay on, relaunches skipped: the fault still raises at the third), which balances the
+#: two arm slots; FIA at every size, as the control's own case (a PA task replayed with its
+#: captured arguments fails before the fault).
+WAIT_FAULT_CASE = _fault_case(
+    "qwen3/tp2/fork/fault-rank1/wait", FORK, WAIT_TIMEOUT, pa=False, **{TP_FAULT_VAR: "wait"}
+)
+FAULT_CASES = (FAULT_CASE, FAULT_SPAWN_CASE, STOCK_FAULT_CASE, WAIT_FAULT_CASE)
 
 #: The negative control's case: FIA at every graph size (a PA task replayed with its captured
 #: arguments fails instead, at kv length 6144: not a run to its end with other tokens).
 CONTROL_CASE = Case("qwen3/tp2/fork", model="qwen3", engine=TP, environment=FORK)
 
 #: Each arm's cases (a fresh interpreter and process tree per arm). Spawn costs a cold vLLM
-#: import per worker: the overlay arm alone runs it (the suite's time budget).
+#: import per worker: the overlay arm alone runs it (the suite's time budget). The overlay arm, the
+#: longest, comes first: arms run two at a time, in this order (the others share the second slot).
 CASES_BY_ARM: dict[str, list[Case]] = {
+    "overlay": [*CASES, FAULT_CASE, FAULT_SPAWN_CASE],
     "eager": [REFERENCE],
-    "stock": [CASES[0], FAULT_CASE],
-    "overlay": [*CASES, FAULT_CASE],
+    "stock": [CASES[0], STOCK_FAULT_CASE],
     "verify": [CASES[0]],
-    "control": [CONTROL_CASE],
+    "control": [CONTROL_CASE, WAIT_FAULT_CASE],
 }
 
 
@@ -92,10 +127,10 @@ def run(directory: Path, model_root: Path, arm_names: tuple[str, ...] = ARMS) ->
         directory,
         model_root,
         arm_names,
-        cases=(*CASES, FAULT_CASE, CONTROL_CASE),
+        cases=(*CASES, *FAULT_CASES, CONTROL_CASE),
         cases_by_arm=CASES_BY_ARM,
-        timeout=900.0,
-        case_timeout=300.0,
+        timeout=1800.0,
+        case_timeout=600.0,
     )
 
 
@@ -143,6 +178,111 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_PID = re.compile(r"^\((?:EngineCore|Worker)[^ ]* pid=(\d+)\) ")
+
+
+def _fired(log: str, pids: set[int]) -> re.Match[str] | None:
+    """The test fault's line of the case whose processes include ``pids``."""
+    return next(
+        (m for m in rank_fault.FIRED_PATTERN.finditer(log) if int(m.group(2)) in pids), None
+    )
+
+
+def case_pids(record: dict[str, Any], log: str = "") -> set[int]:
+    """The pids of the processes a multiprocess case started: those that wrote a status file
+    (workers, helpers) and, given the arm's log, the faulty rank's parent (the engine core, which
+    may be killed before it writes one)."""
+    pids = set((record.get("status_files") or {}).get("pids") or [])
+    fired = _fired(log, pids)
+    return pids | {int(fired.group(3))} if fired else pids
+
+
+def case_log(log: str, record: dict[str, Any]) -> str:
+    """The lines of an arm's log written by one case's processes (vLLM prefixes their pid)."""
+    pids = case_pids(record, log)
+    lines = []
+    for line in log.splitlines():
+        found = _PID.match(line)
+        if found and int(found.group(1)) in pids:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def fault_fired_at(log: str, record: dict[str, Any]) -> float | None:
+    """When the case's test fault fired (wall time, from its rank's line), or None."""
+    fired = _fired(log, case_pids(record))
+    return float(fired.group(4)) if fired else None
+
+
+def job_ended_at(status_dir: Path, record: dict[str, Any]) -> float | None:
+    """When the case's last worker ended: its last status file write (at its exit)."""
+    from ascend_graph_patch import status_files
+
+    written = [
+        s.get("written_at")
+        for s in status_files.read_dir(status_dir)
+        if s["pid"] in case_pids(record) and s.get("rank") is not None
+    ]
+    times = [t for t in written if isinstance(t, float)]
+    return max(times) if times else None
+
+
+def fault_outcome(log: str) -> str:
+    """How a fault case's job ended, from its processes' log lines."""
+    if "ending this worker now" in log and "died unexpectedly" in log:
+        return "worker ended by the overlay; vLLM failed the job"
+    timeout = re.search(r"Timed out waiting (\d+)ms", log)
+    if timeout:
+        return f"collective timed out ({int(timeout.group(1)) // 1000} s)"
+    return "other"
+
+
+def fault_rows(root: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per fault case run: arm, case, outcome, seconds from the fault to the end of the
+    job, the error the engine raised, and the root cause the engine core logged."""
+    rows = []
+    for arm in ARMS:
+        cases = results.get(arm, {}).get("cases") or {}
+        try:
+            log = (root / arm / "log").read_text(errors="replace")
+        except OSError:
+            log = ""
+        for case in FAULT_CASES:
+            record = cases.get(case.name)
+            if record is None:
+                continue
+            mine = case_log(log, record)
+            fired = fault_fired_at(log, record)
+            ended = job_ended_at(root / arm / "status", record)
+            cause = re.search(r"RuntimeError: (Worker failed with error .*?), please check", mine)
+            rows.append(
+                {
+                    "arm": arm,
+                    "case": case.name,
+                    "log": mine,
+                    "outcome": fault_outcome(mine),
+                    "seconds": None if None in (fired, ended) else round(ended - fired, 1),
+                    "error": (record.get("error") or "").splitlines()[0][:100],
+                    "cause": cause.group(1)[:160] if cause else None,
+                }
+            )
+    return rows
+
+
+def fault_table(root: Path, results: dict[str, Any]) -> str:
+    """The fault cases: how each job ended, how long after the fault, what the user saw."""
+    lines = [
+        "| case | arm | outcome | fault to end of job (s) | engine raised | engine core logged |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in fault_rows(root, results):
+        lines.append(
+            f"| {row['case']} | {row['arm']} | {row['outcome']} | {row['seconds']} | "
+            f"{row['error']} | {row['cause']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_npu_sim.engine.tp --out DIR [--arms a,b]``: run, print the table."""
     import argparse
@@ -156,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run(out, out / "models", tuple(args.arms.split(",")))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results))
+    print()
+    print(fault_table(out, results))
     return 0
 
 
