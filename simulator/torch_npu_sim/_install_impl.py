@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import atb, lifetimes, runtime
+from . import atb, lifetimes, runtime, torch_additions
 from . import engine as engine_shims
 from .runtime import SimulatorError
 
@@ -82,6 +82,7 @@ def install() -> types.ModuleType:
         torch.utils.rename_privateuse1_backend("npu")
     torch.npu = mod.npu
     sys.modules["torch.npu"] = mod.npu
+    torch_additions.install(torch)
     _pin_memory_shim(torch)
     _stub_acl()
     _MODULE = mod
@@ -490,6 +491,12 @@ def _build(torch: Any) -> types.ModuleType:
         _weak_ref_tensor=lifetimes.weak_ref_tensor,
     )
     _module("torch_npu._C._distributed_c10d", ProcessGroupHCCL=_ProcessGroupHCCL)
+    _module(
+        "torch_npu.distributed",
+        package=True,
+        is_hccl_available=torch_additions.is_hccl_available,
+        reinit_process_group=torch_additions.reinit_process_group,
+    )
     _module(
         "torch_npu.profiler",
         package=True,
