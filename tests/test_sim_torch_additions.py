@@ -124,7 +124,7 @@ def test_device_registration_and_generated_methods() -> None:
     assert torch_npu.distributed.is_hccl_available is torch_additions.is_hccl_available
 
 
-def test_vllm_ascend_general_plugins_load_without_vllm_plugins() -> None:
+def test_vllm_ascend_general_plugins_load_without_vllm_plugins(tmp_path) -> None:
     """Every ``vllm.general_plugins`` entry of vllm-ascend loads and runs in a fresh simulated
     process with ``VLLM_PLUGINS`` unset (its model-loader plugin imports ``is_hccl_available``
     from ``torch.distributed``)."""
@@ -140,7 +140,7 @@ def test_vllm_ascend_general_plugins_load_without_vllm_plugins() -> None:
         "print(names)\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "VLLM_PLUGINS"}
-    env.update(TORCH_NPU_SIM="1")
+    env.update(TORCH_NPU_SIM="1", HOME=str(tmp_path))  # the profiling plugin writes under HOME
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
