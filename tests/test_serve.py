@@ -201,6 +201,7 @@ def _case(name: str, tokens: list[list[int]], owned: int, replays: int = 7) -> d
 
 def _served_runs(tmp_path: Path, patched: dict[str, Any]) -> tuple[ABConfig, list[ArmRun]]:
     cfg = ABConfig(out=tmp_path, workload="serve", cases=["greedy"], eager=True, simulate=True)
+    cfg.warmup = 0  # as served.configure sets it
     cfg.order = ["eager", "stock", "patched"]
     runs = orchestrate.plan_runs(cfg)
     good = [[1, 2, 3], [4, 5, 6]]
@@ -219,6 +220,20 @@ def test_a_served_ab_passes_and_reports_clients_and_servers_figures(tmp_path: Pa
     assert [r["replays"] for r in case.served] == [0, 7, 7]
     table = report.text_table(cfg, summary)
     assert "simulator times" in table and "owned updates" in table and "1.50" in table
+
+
+def test_on_a_host_the_served_update_times_are_compared(tmp_path: Path) -> None:
+    """Off the simulator the update calls' host times of each load (from the status files) go
+    into the timing part, as for ``--model``; on the simulator they mean nothing and are left
+    out, with the reason."""
+    cfg, runs = _served_runs(tmp_path, _case("greedy", [[1, 2, 3], [4, 5, 6]], 7))
+    for run, ns in zip(runs[1:], (2000, 1000), strict=True):
+        case = run.result["cases"][0]
+        case["update_ns"], case["update_calls"] = [ns] * 7, [1] * 7
+    assert compare.summarize(cfg, runs).cases[0].timing == {}  # simulated
+    cfg.simulate = False
+    case = compare.summarize(cfg, runs).cases[0]
+    assert case.ratio == pytest.approx(0.5) and case.timing["patched"].n == 7
 
 
 def test_a_served_ab_whose_overlay_owned_nothing_is_not_a_pass(tmp_path: Path) -> None:

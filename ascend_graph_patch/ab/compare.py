@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
+from ascend_graph_patch.ab.orchestrate import MODEL_WORKLOADS, ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
 
 PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE = (
@@ -264,7 +264,7 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
     _served(res, eager_runs + runs, all_states)
     if wrong and res.verdict == PASS:
         res.verdict = PASS_WRONG
-    if cfg.workload == "vllm" and cfg.simulate:
+    if cfg.workload in MODEL_WORKLOADS and cfg.simulate:
         res.timing_note = SIMULATOR_TIMING_NOTE
     else:
         _timing(cfg, res, runs, states)

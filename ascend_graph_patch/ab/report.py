@@ -263,7 +263,9 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     md += ["## Correctness", ""] + _md_table(columns(arms), rows(summary, arms))
     md += [
         "",
-        "Each arm's greedy tokens against the reference: eager (the eager arm, or the eager run "
+        "Each arm's "
+        + ("outputs, request by request," if cfg.workload == "serve" else "greedy tokens")
+        + " against the reference: eager (the eager arm, or the eager run "
         "in the arm's own process). `graphs / tasks owned`: the overlay's counters in every "
         "process that ran a model runner; `acceptance`: speculative decoding's accepted share "
         "of draft tokens per arm (e = eager, s = stock, p = patched, v = verify).",
