@@ -18,13 +18,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ascend_graph_patch import supervisor
 
 HOST = "127.0.0.1"
+T = TypeVar("T")
+_UNSET: Any = object()
 #: Seconds ``vllm serve`` gets after SIGTERM before SIGKILL: more than :data:`SHUTDOWN_TIMEOUT`.
 STOP_GRACE = 20.0
 #: ``--shutdown-timeout`` given to a served arm unless the user sets one: without it (vLLM's 0)
@@ -129,6 +132,36 @@ def start(
     with open(log, "ab") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
     return Server(spawn(cmd, env, log), port, log)
+
+
+def start_ready(
+    model: str,
+    args: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout: float,
+    meanwhile: Callable[[], T],
+) -> tuple[Server, T]:
+    """Start a server, run ``meanwhile()`` while it starts, wait until it is ready. A port taken
+    between choosing it and binding it (another run on the machine) is retried once with
+    another; any other failure stops the server and raises. The caller stops the server."""
+    result: Any = _UNSET
+    for attempt in (1, 2):
+        server = start(model, args, env, log)
+        try:
+            if result is _UNSET:
+                result = meanwhile()
+            server.wait_ready(timeout)
+            return server, result
+        except ServerError as exc:
+            stop(server.proc)
+            if attempt == 1 and "address already in use" in str(exc).lower():
+                continue
+            raise
+        except BaseException:
+            stop(server.proc)
+            raise
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager

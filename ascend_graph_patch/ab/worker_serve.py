@@ -298,10 +298,15 @@ def run(spec: dict[str, Any], progress: Progress, out_dir: Path) -> dict[str, An
     args = server_args(spec)
     cases: list[dict[str, Any]] = []
     started = time.monotonic()
-    srv = server.start(spec["model"], args, dict(os.environ), out_dir / "server.log")
+    srv, (client, tokenizer) = server.start_ready(
+        spec["model"],
+        args,
+        dict(os.environ),
+        out_dir / "server.log",
+        max(deadline - time.monotonic(), 1.0),
+        lambda: (Client(), _tokenizer(spec)),  # while the server starts
+    )
     try:
-        client, tokenizer = Client(), _tokenizer(spec)  # while the server starts
-        srv.wait_ready(max(deadline - time.monotonic(), 1.0))
         ready = time.monotonic() - started
         for load in serve["loads"]:
             cases.append(run_load(srv, spec, load, out_dir, deadline, tokenizer, client))
