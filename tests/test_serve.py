@@ -26,6 +26,7 @@ import pytest
 from ascend_graph_patch import status_files
 from ascend_graph_patch.ab import command, compare, orchestrate, report, served, worker_serve
 from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
+from tests import process_support
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -98,6 +99,7 @@ def test_prompts_file_becomes_the_clients_custom_dataset(tmp_path: Path) -> None
         ("--serve", "--model", "m", "--num-prompts", "0"),
         ("--serve", "--model", "m", "--request-rate", "0"),
         ("--serve", "--scenarios", "qwen3/compile/decode-only"),
+        ("--serve", "--model", "m", "--max-tokens", "5"),  # --output-len with --serve
     ],
 )
 def test_usage_errors_exit_2(argv: tuple[str, ...], tmp_path: Path, capsys) -> None:
@@ -111,6 +113,20 @@ def test_token_id_prompts_are_refused(tmp_path: Path, capsys) -> None:
     argv = ("--serve", "--model", "m", "--prompts", str(prompts), "--out", str(tmp_path))
     assert command.run(_args(*argv)) == 2
     assert "text prompts only" in capsys.readouterr().err
+
+
+def test_client_args_custom_dataset_parse_with_vllms_parser(tmp_path: Path) -> None:
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    load = {"num_prompts": 2, "output_len": 7, "prompts_file": "/p.jsonl", "temperature": 0.0}
+    args = worker_serve.client_args({"model": "/m", "seed": 0}, load, "http://h:1", tmp_path / "r")
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    parsed = parser.parse_args(args)
+    assert parsed.dataset_name == "custom" and parsed.dataset_path == "/p.jsonl"
+    assert parsed.custom_output_len == 7 and parsed.skip_chat_template and parsed.disable_shuffle
+    assert parsed.temperature == 0.0 and parsed.extra_body is None
 
 
 # --- the worker's command lines and readings -------------------------------------------------
@@ -178,6 +194,52 @@ def test_live_figures_sum_counters_and_take_the_most_replays(tmp_path: Path) -> 
     assert live["counters"] == {"updates.owned": 60}  # summed over the ranks
     assert live["replays"] == 30  # every rank replays the same steps
     assert live["pids"] == [10, 11] and live["processes"] == 3
+
+
+FAKE_SERVER = """
+import http.server, sys
+port, log = int(sys.argv[1]), sys.argv[2]
+if sys.argv[3] == "taken":
+    open(log, "a").write("OSError: [Errno 98] Address already in use\\n")
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_port_taken_meanwhile_is_retried_once_with_another(tmp_path: Path, monkeypatch) -> None:
+    """Between choosing a free port and binding it another run may take it: the server exits
+    saying so, and the worker starts it once more on another port (and stops each by pid)."""
+    import sys
+
+    from ascend_graph_patch.ab import server
+
+    started: list[server.Server] = []
+
+    def fake_start(model: str, args: list[str], env: dict, log: Path) -> server.Server:
+        port = server.free_port()
+        mode = "taken" if not started else "serve"
+        cmd = [sys.executable, "-c", FAKE_SERVER, str(port), str(log), mode]
+        started.append(server.Server(server.spawn(cmd, env, log), port, log))
+        return started[-1]
+
+    monkeypatch.setattr(server, "start", fake_start)
+    calls: list[int] = []
+    srv, value = server.start_ready(
+        "m", [], dict(os.environ), tmp_path / "log", 60, lambda: calls.append(1) or "ok"
+    )
+    try:
+        assert value == "ok" and calls == [1]  # the work done meanwhile is not repeated
+        assert len(started) == 2 and srv is started[1] and srv.get("/health")[0] == 200
+        assert started[0].proc.poll() == 1
+    finally:
+        server.stop(srv.proc, grace=5)
+    assert srv.proc.poll() is not None
 
 
 # --- verdicts and report on made-up results --------------------------------------------------
@@ -257,11 +319,13 @@ def test_a_served_divergence_is_named_request_and_position(tmp_path: Path) -> No
 PROMPTS, TOKENS = 4, 8
 
 
-def _environment(home: Path) -> dict[str, str]:
+def _environment(home: Path, mark: str) -> dict[str, str]:
     """The caller's environment without ``VLLM_PLUGINS`` (every plugin loads, as for a user);
-    ``HOME`` apart, where vllm-ascend's service-profiling plugin writes its file."""
+    ``HOME`` apart, where vllm-ascend's service-profiling plugin writes its file; a mark that
+    every process the A/B starts inherits (to find any left behind)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env["HOME"] = str(home)
+    env[process_support.MARK] = mark
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -286,7 +350,8 @@ def served_ab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     argv += ["--num-prompts", str(PROMPTS), "--output-len", str(TOKENS), "--jobs", "3"]
     cfg = command.build_config(_args(*argv, "--no-progress", "--timeout", "900", "--out", str(out)))
     cfg.order = ["eager", "stock", "patched"]
-    env = _environment(root / "home")
+    mark = process_support.new_mark()
+    env = _environment(root / "home", mark)
     runs = orchestrate.run_ab(cfg, env)
     summary = compare.summarize(cfg, runs)
     paths = report.write(cfg, summary, runs)
@@ -312,6 +377,7 @@ def served_ab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "control_run": control_run,
         "control_summary": control_summary,
         "control_cfg": control,
+        "mark": mark,
     }
 
 
@@ -378,7 +444,8 @@ def test_vllm_serve_started_with_every_plugin_and_no_vllm_plugins(
         assert run.result["server"]["vllm_plugins"] is None
         log = Path(run.result["server"]["log"]).read_text()
         assert "Failed to load plugin" not in log
-        assert "(EngineCore" in log and "load format `netloader`" in log
+        lines = log.splitlines()
+        assert any(line.startswith("(EngineCore") and "`netloader`" in line for line in lines)
     config = served_ab["home"] / ".config" / "vllm_ascend"
     assert any(p.name.startswith("service_profiling_symbols") for p in config.iterdir())
 
@@ -396,3 +463,8 @@ def test_negative_control_relaunches_skipped_outputs_differ_verdict_fail(
     assert row["updates_owned"] == row["replays"] > 0  # it updated; the relaunches were skipped
     text = report.text_table(served_ab["control_cfg"], summary)
     assert "VERDICT: DIFF" in text and f"first divergence: greedy, patched run {run.index}" in text
+
+
+def test_every_process_the_served_ab_started_is_gone(served_ab: dict[str, Any]) -> None:
+    """Servers, engine cores, workers, their guardians: none outlives the A/B."""
+    assert process_support.wait_gone(served_ab["mark"], 30.0) == {}

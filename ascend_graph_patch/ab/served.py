@@ -187,6 +187,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ServedUsageError("--top-k must be >= 1")
     if args.scenarios or args.all or args.quick:
         raise ServedUsageError("--scenarios, --all and --quick select simulator workloads")
+    if args.max_tokens != 64:
+        raise ServedUsageError("--max-tokens is --model's; with --serve use --output-len")
 
 
 def write_prompts(prompts: list[str | list[int]], out: Path) -> str:
@@ -229,8 +231,6 @@ def configure(
     if prompts:
         prompts_file = write_prompts(prompts, cfg.out)
         base["num_prompts"] = len(prompts)
-    if args.max_tokens != 64:  # --max-tokens: the --model path's name for the output length
-        base["output_len"] = args.max_tokens
     cfg.serve = {"loads": loads(args, base, prompts_file)}
     cfg.cases = [load["name"] for load in cfg.serve["loads"]]
     cfg.timeout = args.timeout or DEFAULT_TIMEOUT
