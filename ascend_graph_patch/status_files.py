@@ -38,6 +38,7 @@ import multiprocessing.util
 import os
 import stat
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -79,17 +80,31 @@ class StatusWriter:
         self.next_write = 0.0
         self.failed: str | None = None
         self.timer: Any = None  # ab.timing.UpdateTimer, once vllm_ascend loads
+        self.pending: threading.Timer | None = None  # the write that follows a skipped one
 
     @property
     def path(self) -> Path:
         return self.directory / f"{_PREFIX}{os.getpid()}.json"
 
     def maybe_write(self) -> None:
-        """Called on every counter update: writes when ``interval`` has passed."""
+        """Called on every counter update: writes when ``interval`` has passed, else makes sure
+        that a write follows when it has (a timer thread), so that the last counts of a burst
+        reach the file within ``interval`` even if nothing is counted after them: a server's
+        files read while it serves (``status --from``) are at most that old."""
         now = time.monotonic()
         if now >= self.next_write:
             self.next_write = now + self.interval
             self.write()
+        elif self.pending is None:
+            self.pending = threading.Timer(self.next_write - now, self._write_pending)
+            self.pending.daemon = True
+            self.pending.start()
+
+    def _write_pending(self) -> None:
+        # The next one is an interval away: the counting thread does not write meanwhile.
+        self.next_write = time.monotonic() + self.interval
+        self.pending = None
+        self.write()
 
     def write(self) -> None:
         """Write the snapshot now; a failure is remembered (and warned once), never raised."""
@@ -124,6 +139,7 @@ class StatusWriter:
         if self.timer is not None:
             self.timer.samples.clear()
         self.next_write = 0.0
+        self.pending = None  # the parent's timer thread does not cross the fork
 
     def register_final_write(self) -> None:
         """Write once more when this process ends through ``multiprocessing`` (``os._exit``)."""

@@ -9,7 +9,11 @@ The wheel cannot be imported without CANN, but what the simulator must match is 
 - the graph, stream and event Python API is in ``npu/graphs.py``, ``npu/streams.py`` and
   ``npu/utils.py`` (signatures read with ``ast``, nothing executed);
 - the ATB swap lists are in ``op_plugin/atb/_atb_ops.py``;
-- the capture-rule error messages are strings in ``libtorch_npu.so``.
+- the capture-rule error messages are strings in ``libtorch_npu.so``;
+- what ``import torch_npu`` adds to ``torch`` is in ``_init/``: the functions it puts under
+  ``torch.distributed`` (``patches/distributed_patches.py``, their signatures read from the
+  modules they come from), the process-group backends it registers (``registry/distributed.py``)
+  and the device backend and generated methods (``registry/backend.py``).
 
 The fixture keeps the schemas of every op the simulator defines and every ``torch_npu`` op the
 installed vllm-ascend names (so it needs the simulator and vllm-ascend importable: run it with the
@@ -101,11 +105,10 @@ def _literal_list(source: str, name: str) -> list[str]:
 def wanted_ops() -> set[str]:
     """Op names (base, no overload) the simulator defines or vllm-ascend names on torch_npu."""
     sys.path[:0] = [str(REPO), str(REPO / "simulator")]
-    from torch_npu_sim import _install_impl, mla_ops, model_ops, moe_ops, ops
+    from torch_npu_sim import _install_impl
 
     names = set(_install_impl._UNSIMULATED) | set(_install_impl._UNSIMULATED_HOST)
-    for table in (ops, model_ops, moe_ops, mla_ops):  # every op the simulator defines
-        names |= {name.partition(".")[0] for name in table.REFERENCE_OPS}
+    names |= {name.partition(".")[0] for name in _install_impl._reference_ops()[0]}
     spec = importlib.util.find_spec("vllm_ascend")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("vllm_ascend is not importable: run with the project's venv")
@@ -118,6 +121,69 @@ def wanted_ops() -> set[str]:
             ):
                 names.add(node.attr)
     return names
+
+
+def _function_signature(archive: zipfile.ZipFile, dotted: str) -> str:
+    """Signature of ``torch_npu.<dotted>`` (a module-level function), read from the wheel's
+    source: the module's own ``def``, or the one it imports with ``from .x import name``."""
+    module, _, name = dotted.rpartition(".")
+    base = "torch_npu/" + module.replace(".", "/")
+    for member in (base + ".py", base + "/__init__.py"):
+        try:
+            tree = ast.parse(archive.read(member).decode())
+        except KeyError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return _signature(node.args)
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        return _function_signature(archive, f"{module}.{node.module}.{alias.name}")
+    raise SystemExit(f"torch_npu.{dotted}: no function found in the wheel")
+
+
+def _calls(source: str, attr: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attr
+    ]
+
+
+def torch_additions(archive: zipfile.ZipFile) -> dict[str, Any]:
+    """What ``import torch_npu`` adds to ``torch``: public ``torch.distributed`` functions (target
+    -> the signature of the torch_npu function put there), backends, device registration."""
+    init = "torch_npu/_init/"
+    patches = archive.read(init + "patches/distributed_patches.py").decode()
+    functions = {}
+    for target, source in _literal_list(patches, "_PUBLIC_API_ALIASES"):
+        if target.split(".")[-1].startswith("_") or "._" in target:
+            functions["torch." + target] = None  # a private hook (an autograd backward): named
+            continue
+        functions["torch." + target] = _function_signature(archive, source)
+    registry = archive.read(init + "registry/distributed.py").decode()
+    backends = [
+        call.args[0].value
+        for call in _calls(registry, "register_backend")
+        if call.args and isinstance(call.args[0], ast.Constant)
+    ]
+    device = archive.read(init + "registry/backend.py").decode()
+    (rename,) = _calls(device, "rename_privateuse1_backend")
+    (generate,) = _calls(device, "generate_methods_for_privateuse1_backend")
+    return {
+        "functions": dict(sorted(functions.items())),
+        "backends": backends,
+        "privateuse1_backend": ast.literal_eval(rename.args[0]),
+        "generated_methods": {
+            kw.arg: ast.literal_eval(kw.value)
+            for kw in generate.keywords
+            if kw.arg and kw.arg.startswith("for_")
+        },
+    }
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -148,6 +214,7 @@ def extract(wheel: Path) -> dict[str, Any]:
         atb_source = archive.read("torch_npu/op_plugin/atb/_atb_ops.py").decode()
         npu_init = archive.read("torch_npu/npu/__init__.py").decode()
         version = archive.read("torch_npu/version.py").decode()
+        additions = torch_additions(archive)
     atb_lists = {
         "API_LIST": _literal_list(atb_source, "API_LIST"),
         "ATB_API_LIST": _literal_list(atb_source, "ATB_API_LIST"),
@@ -175,7 +242,8 @@ def extract(wheel: Path) -> dict[str, Any]:
             "scope": (
                 "schemas: every op the simulator defines, the installed vllm-ascend names on "
                 "torch_npu or torch_npu.atb, or the ATB swap lists name; python_api: public "
-                "functions and methods of npu/graphs.py, npu/streams.py, npu/utils.py"
+                "functions and methods of npu/graphs.py, npu/streams.py, npu/utils.py; "
+                "torch_additions: what import torch_npu adds to torch (_init/)"
             ),
         },
         "schemas": schemas,
@@ -184,6 +252,7 @@ def extract(wheel: Path) -> dict[str, Any]:
         "npu_all": sorted(_literal_list(npu_init, "__all__")),
         "atb": atb_lists,
         "messages": dict(sorted(texts.items())),
+        "torch_additions": additions,
     }
 
 

@@ -73,6 +73,33 @@ def test_writes_are_throttled_but_the_first_count_writes(tmp_path: Path, monkeyp
     assert writes == [1]
 
 
+def test_the_last_counts_of_a_burst_are_written_without_a_later_count(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A live server's files (``status --from`` while it serves) lag by at most an interval: a
+    count skipped by the throttle is written when the interval ends, though nothing is counted
+    after it; one write per skipped burst, none without counts."""
+    import threading
+    import time
+
+    writer = status_files.StatusWriter(tmp_path, interval=0.2)
+    writes: list[float] = []
+    written = threading.Event()
+
+    def write() -> None:
+        writes.append(time.monotonic())
+        if len(writes) == 2:
+            written.set()
+
+    monkeypatch.setattr(writer, "write", write)
+    for _ in range(50):
+        writer.maybe_write()
+    assert len(writes) == 1  # the first count wrote; the rest waits for the interval
+    assert written.wait(10.0), "the skipped counts were never written"
+    time.sleep(0.5)
+    assert len(writes) == 2  # no count since: no further write
+
+
 def test_an_unwritable_directory_warns_once_and_never_raises(tmp_path: Path, capsys) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -36,6 +36,7 @@ CALL_SITE_FILES = (
     "worker/v2/utils.py",
     "worker/v2/aclgraph_utils.py",
     "spec_decode/llm_base_proposer.py",
+    "sample/sampler.py",
 )
 #: Files where every call must resolve to a known real API (the others may call APIs outside the
 #: fixture's scope, e.g. torch.npu memory functions).

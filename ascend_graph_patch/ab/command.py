@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from ascend_graph_patch.ab import served
+
 HELP = "A/B the overlay against stock replay (fresh process per arm, ABBA); writes a report"
 
 #: Steps per scenario of the default simulator run: sized so that 4 arms x all scenarios finish
@@ -129,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs=argparse.REMAINDER,
         help="after --: vLLM engine args for --model (as for `vllm serve`)",
     )
+    served.add_arguments(parser)
 
 
 def catalogue(workload: str = "sim") -> dict[str, dict]:
@@ -221,7 +224,13 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         eager_atol=args.eager_atol,
         progress=not args.no_progress,
     )
-    if args.model:
+    if served.given(args):
+        try:
+            prompts = read_prompts(args.prompts) if args.prompts and args.serve else None
+            served.configure(cfg, args, engine_args, prompts)
+        except served.ServedUsageError as exc:
+            raise UsageError(str(exc)) from None
+    elif args.model:
         if args.scenarios or args.all or args.quick:
             raise UsageError(
                 "--scenarios, --all and --quick select simulator workloads, not --model"

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
+from ascend_graph_patch.ab.orchestrate import MODEL_WORKLOADS, ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
 
 PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE = (
@@ -83,6 +83,8 @@ class CaseResult:
     expect: str = "ok"  # how stock is known to behave on the case
     #: arm -> per-run step latency in ms (vLLM: generate time / longest output), where measured
     step_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: served A/B: one row per run (outputs vs eager, the client's figures, the server's counts)
+    served: list[dict[str, Any]] = field(default_factory=list)
 
     def fail(self, verdict: str, reason: str) -> None:
         if _RANK[verdict] > _RANK[self.verdict]:  # failures outrank both passes
@@ -259,9 +261,10 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
         _check_eager_arm(cfg, res, ok_runs, states, eager_runs, all_states, wrong)
         _check_overlay(cfg, res, ok_runs, states, wrong)
     _figures(res, eager_runs + runs, all_states)
+    _served(res, eager_runs + runs, all_states)
     if wrong and res.verdict == PASS:
         res.verdict = PASS_WRONG
-    if cfg.workload == "vllm" and cfg.simulate:
+    if cfg.workload in MODEL_WORKLOADS and cfg.simulate:
         res.timing_note = SIMULATOR_TIMING_NOTE
     else:
         _timing(cfg, res, runs, states)
@@ -440,7 +443,48 @@ def _figures(res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, A
             "verify_mismatches": counters.get("verify.mismatches"),
             "verify_stock_failed": counters.get("verify.stock_failed"),
             "acceptance": case.get("acceptance"),
+            "replays": case.get("replays"),
+            "engine_steps": case.get("engine_steps"),
         }
+
+
+def _served(res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, Any]]) -> None:
+    """Per run of a served case: its outputs against the eager server's, what the client
+    measured, and what the server's processes counted during the load."""
+    eager = next(
+        (states[r.index][1] for r in runs if r.arm == "eager" and states[r.index][0] == "ok"),
+        None,
+    )
+    for run in runs:
+        state, case = states[run.index]
+        if case is None or case.get("kind") != "serve":
+            continue
+        if state != "ok":
+            outputs = _label(state) + (f": {case.get('error')}" if case.get("error") else "")
+        elif run.arm == "eager":
+            outputs = "reference"
+        elif eager is None:
+            outputs = "-"
+        else:
+            where = first_divergence(eager.get("tokens", []), case.get("tokens", []))
+            outputs = "equal" if where is None else f"differs at {where}"
+        counters = case.get("counters") or {}
+        client = case.get("client") or {}
+        sent = (case.get("load") or {}).get("num_prompts", "?")
+        res.served.append(
+            {
+                "arm": run.arm,
+                "run": run.index,
+                "outputs": outputs,
+                "requests": f"{client.get('completed', 0)}/{sent}",
+                "client": client,
+                "engine_steps": case.get("engine_steps"),
+                "replays": case.get("replays"),
+                "updates_owned": counters.get("updates.owned", 0),
+                "fallbacks": fallbacks(counters),
+                "runner_pids": case.get("runner_pids"),
+            }
+        )
 
 
 def fallbacks(counters: dict[str, int]) -> int:

@@ -16,8 +16,8 @@ for harness-only runs, whose host timing it would disturb), every
 Python process of the arm writes its counters and update timings there (``status_files``, the
 toggle off included), and the orchestrator merges them into the arm's result (``status_files``).
 Where no real ``torch_npu`` is installed and the simulator is, the arms run on the simulator
-(``TORCH_NPU_SIM=1``, ``VLLM_PLUGINS=ascend``: the CPU host has none of the other plugins' needs,
-e.g. ``torch.distributed.is_hccl_available``); the caller's ``TORCH_NPU_SIM`` decides if set.
+(``TORCH_NPU_SIM=1``, every vLLM plugin loaded as on hardware); the caller's ``TORCH_NPU_SIM``
+decides if set.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ from ascend_graph_patch.ab.protocol import ARM_MODES, read_progress
 
 #: The worker that runs vLLM itself (on an Ascend host, or on the simulator).
 VLLM_WORKER = "ascend_graph_patch.ab.worker_vllm"
+#: The worker that serves a model with ``vllm serve`` and loads it with ``vllm bench serve``.
+SERVE_WORKER = "ascend_graph_patch.ab.worker_serve"
+#: Workloads that run a model with vLLM (their figures live in the engine's processes).
+MODEL_WORKLOADS = ("vllm", "serve")
 #: Entry-point group through which other distributions add workloads: name -> worker module.
 #: The simulator (torch-npu-sim) adds ``sim``; the orchestrator only runs ``python -m`` on it.
 WORKERS_GROUP = "ascend_graph_patch.ab_workers"
@@ -67,6 +71,8 @@ def worker_module(workload: str) -> str | None:
     """The worker module of ``workload`` (``vllm``, or one added by an entry point), or None."""
     if workload == "vllm":
         return VLLM_WORKER
+    if workload == "serve":
+        return SERVE_WORKER
     for ep in importlib.metadata.entry_points(group=WORKERS_GROUP):
         if ep.name == workload:
             return ep.value.partition(":")[0]
@@ -78,7 +84,7 @@ class ABConfig:
     """Everything an A/B run needs; the CLI builds it, tests build it directly."""
 
     out: Path
-    workload: str = "sim"  # "sim" | "vllm"
+    workload: str = "sim"  # "sim" | "vllm" | "serve"
     cases: list[str] = field(default_factory=list)  # scenario names, or ["vllm:<model>"]
     steps: int = 24
     seed: int = 0
@@ -101,6 +107,8 @@ class ABConfig:
     #: one) and host timing is not comparable between arms (they share the cores).
     jobs: int = 1
     simulate: bool | None = None  # None: decide by simulated()
+    #: The served A/B (``ab --serve``): its loads, one case each (``ab.served``).
+    serve: dict[str, Any] | None = None
 
     #: Cases that are whole engines (one progress unit each, not ``steps``).
     engine_cases: int = 0
@@ -112,9 +120,11 @@ class ABConfig:
     def wants_status_files(self) -> bool:
         if self.status_files is not None:
             return self.status_files
-        return self.workload == "vllm" or self.engine_cases > 0
+        return self.workload in MODEL_WORKLOADS or self.engine_cases > 0
 
     def units_per_run(self) -> int:
+        if self.workload == "serve":
+            return len(self.cases)
         if self.workload == "vllm":
             return len(self.prompts or ()) or 8
         return (len(self.cases) - self.engine_cases) * self.steps + self.engine_cases
@@ -197,7 +207,6 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
     simulate = cfg.simulate if cfg.simulate is not None else simulated(base)
     if cfg.workload == "sim" or simulate:
         env["TORCH_NPU_SIM"] = "1"
-        env.setdefault("VLLM_PLUGINS", "ascend")
         env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # the simulator is torch_npu
     env.update(cfg.extra_env)
     return env
@@ -237,14 +246,17 @@ def spec_for(cfg: ABConfig, run: ArmRun) -> dict[str, Any]:
         "units_per_engine_case": 1,
         "case_timeout": cfg.timeout,
     }
-    if cfg.workload == "vllm":
+    if cfg.workload in MODEL_WORKLOADS:
         spec.update(
             model=cfg.model,
             prompts=cfg.prompts,
             max_tokens=cfg.max_tokens,
             engine_args=list(cfg.engine_args),
             enforce_eager=run.arm == "eager",
+            simulate=cfg.simulate,
         )
+    if cfg.serve is not None:
+        spec["serve"] = cfg.serve
     return spec
 
 
@@ -426,7 +438,7 @@ def _progress_bar(cfg: ABConfig, total: int) -> Any:
         from tqdm import tqdm
     except ImportError:
         return None
-    unit = "prompt" if cfg.workload == "vllm" else "step"
+    unit = {"vllm": "prompt", "serve": "load"}.get(cfg.workload, "step")
     if cfg.workload != "vllm" and cfg.engine_cases == len(cfg.cases):
         unit = "case"
     return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)

@@ -106,7 +106,8 @@ def render(cfg: ABConfig, summary: Summary, runs: list[Any], path: Path) -> None
     ax.tick_params(axis="x", length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_title("greedy tokens against the reference (eager)", fontsize=9, pad=18)
+    what = "every request's output" if cfg.workload == "serve" else "greedy tokens"
+    ax.set_title(f"{what} against the reference (eager)", fontsize=9, pad=18)
 
     if has_timing:
         ax1 = fig.add_subplot(grid[1, 0])

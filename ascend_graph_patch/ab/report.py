@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ascend_graph_patch.ab import serve_report
 from ascend_graph_patch.ab.compare import PASS_KNOWN, PASS_WRONG, PASSES, CaseResult, Summary
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
@@ -184,7 +185,15 @@ def stock_failures(summary: Summary) -> list[str]:
 
 
 def title(cfg: ABConfig) -> str:
-    if cfg.workload == "vllm":
+    if cfg.workload == "serve":
+        loads = (cfg.serve or {}).get("loads") or [{}]
+        what = (
+            f"vllm serve {cfg.model}, {len(loads)} load(s) x {loads[0].get('num_prompts')} "
+            "requests (vllm bench serve)"
+        )
+        if cfg.simulate:
+            what += " (on the simulator)"
+    elif cfg.workload == "vllm":
         what = f"vLLM {cfg.model}, {len(cfg.prompts or []) or 8} prompts x {cfg.max_tokens} tokens"
         if cfg.simulate:
             what += " (on the simulator)"
@@ -221,6 +230,10 @@ def text_table(cfg: ABConfig, summary: Summary) -> str:
     failures = stock_failures(summary)
     if failures:
         out += ["", "stock failures:"] + [f"  - {f}" for f in failures]
+    if serve_report.any_served(summary):
+        out += ["", serve_report.heading(cfg.simulate)]
+        out += _text_table(list(serve_report.COLUMNS), serve_report.rows(summary))
+        out += [f"  first divergence: {d}" for d in serve_report.divergences(summary)]
     cols, timed = timing_table(summary)
     out.append("")
     if timed:
@@ -250,7 +263,9 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     md += ["## Correctness", ""] + _md_table(columns(arms), rows(summary, arms))
     md += [
         "",
-        "Each arm's greedy tokens against the reference: eager (the eager arm, or the eager run "
+        "Each arm's "
+        + ("outputs, request by request," if cfg.workload == "serve" else "greedy tokens")
+        + " against the reference: eager (the eager arm, or the eager run "
         "in the arm's own process). `graphs / tasks owned`: the overlay's counters in every "
         "process that ran a model runner; `acceptance`: speculative decoding's accepted share "
         "of draft tokens per arm (e = eager, s = stock, p = patched, v = verify).",
@@ -266,6 +281,13 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     ]
     if details:
         md += ["", "## First divergences", ""] + [f"- {d}" for d in details]
+    if serve_report.any_served(summary):
+        md += ["", "## Served", "", serve_report.heading(cfg.simulate) + ".", ""]
+        md += _md_table(list(serve_report.COLUMNS), serve_report.rows(summary))
+        diverged = serve_report.divergences(summary)
+        if diverged:
+            md += ["", "First divergences from the eager server:", ""]
+            md += [f"- {d}" for d in diverged]
     md += ["", "## Timing", ""]
     cols, timed = timing_table(summary)
     if timed:

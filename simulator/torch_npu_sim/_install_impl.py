@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import atb, lifetimes, runtime
+from . import atb, lifetimes, runtime, torch_additions
 from . import engine as engine_shims
 from .runtime import SimulatorError
 
@@ -42,7 +42,7 @@ npu_moe_token_permute npu_lightning_indexer npu_kv_rmsnorm_rope_cache npu_fusion
 npu_add_rms_norm _npu_rotary_embedding npu_weight_quant_batchmatmul npu_quantize
 npu_mm_reduce_scatter_base npu_kronecker_quant npu_interleave_rope
 npu_grouped_matmul_swiglu_quant_v2 npu_attention_update npu_apply_rotary_pos_emb
-npu_transpose_quant_batchmatmul npu_top_k_top_p npu_quant_grouped_matmul_dequant
+npu_transpose_quant_batchmatmul npu_quant_grouped_matmul_dequant
 npu_prompt_flash_attention npu_moe_gating_top_k_softmax npu_mla_prolog_v3
 npu_matmul_compress_dequant _npu_matmul_add_fp32 _npu_flash_attention_unpad npu_sign_bits_unpack
 npu_recurrent_gated_delta_rule npu_quant_lightning_indexer npu_prefetch npu_mrope
@@ -82,6 +82,7 @@ def install() -> types.ModuleType:
         torch.utils.rename_privateuse1_backend("npu")
     torch.npu = mod.npu
     sys.modules["torch.npu"] = mod.npu
+    torch_additions.install(torch)
     _pin_memory_shim(torch)
     _stub_acl()
     _MODULE = mod
@@ -395,11 +396,16 @@ def _empty_with_format(
 
 
 def _reference_ops() -> tuple[dict[str, Callable[..., Any]], set[str]]:
-    """One op table: the attention ops (``ops``) and the model-layer ops (``model_ops``,
-    ``moe_ops``, ``mla_ops``)."""
-    from . import mla_ops, model_ops, moe_ops
+    """One op table: the attention ops (``ops``), the model-layer ops (``model_ops``,
+    ``moe_ops``, ``mla_ops``) and the sampler's (``sample_ops``)."""
+    from . import mla_ops, model_ops, moe_ops, sample_ops
 
-    layers = {**model_ops.REFERENCE_OPS, **moe_ops.REFERENCE_OPS, **mla_ops.REFERENCE_OPS}
+    layers = {
+        **model_ops.REFERENCE_OPS,
+        **moe_ops.REFERENCE_OPS,
+        **mla_ops.REFERENCE_OPS,
+        **sample_ops.REFERENCE_OPS,
+    }
     try:
         from . import ops
     except ImportError:
@@ -490,6 +496,12 @@ def _build(torch: Any) -> types.ModuleType:
         _weak_ref_tensor=lifetimes.weak_ref_tensor,
     )
     _module("torch_npu._C._distributed_c10d", ProcessGroupHCCL=_ProcessGroupHCCL)
+    _module(
+        "torch_npu.distributed",
+        package=True,
+        is_hccl_available=torch_additions.is_hccl_available,
+        reinit_process_group=torch_additions.reinit_process_group,
+    )
     _module(
         "torch_npu.profiler",
         package=True,

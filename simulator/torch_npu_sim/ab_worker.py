@@ -12,7 +12,8 @@ tokens are the argmax of the toy model's logits. The overlay is whatever the arm
 ``ASCEND_GRAPH_PATCH`` installed at start-up; this module never touches it.
 
 Run as ``python -m torch_npu_sim.ab_worker --spec S --result R [--progress P]``, or ``--list``
-(every name: how stock behaves on it, its kind, whether ``ab`` runs it by default or ``--quick``).
+(every name: how stock behaves on it, its kind, whether ``ab`` runs it by default or ``--quick``),
+or ``--serve-defaults`` (what ``ab --serve`` serves here without ``--model``: ``engine.served``).
 """
 
 from __future__ import annotations
@@ -176,6 +177,13 @@ def _status() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--serve-defaults"]:  # `ab --serve` without --model: model, engine args, load
+        import json
+
+        from torch_npu_sim.engine import served
+
+        print(json.dumps(served.defaults()))
+        return 0
     if args == ["--list"]:  # the catalogue, for `ab --list` (plain data: no vLLM)
         import json
 

@@ -56,6 +56,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # many tiny CPU ops: one thread, and identical float results
     import vllm  # noqa: F401 - paid once, inherited by every case's child
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # those VLLM_PLUGINS allows (all, for `ab`): once, inherited too
 
     from ..workload import run_arm  # noqa: F401 - imported before forking, like vLLM
 

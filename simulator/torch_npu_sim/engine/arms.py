@@ -70,6 +70,9 @@ def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str
         link.symlink_to(shared_modelinfos, target_is_directory=True)
     env.update(
         TORCH_NPU_SIM="1",
+        # Not needed any more (the simulator stands in for what vllm-ascend's general plugins
+        # need: tests/test_sim_torch_additions.py, tests/test_serve.py load them all): it keeps
+        # ~2 s of their imports out of every arm; they change nothing the engine cases test.
         VLLM_PLUGINS="ascend",
         VLLM_CACHE_ROOT=str(cache),
         ASCEND_GRAPH_PATCH_STATUS_DIR=str(directory / "status"),

@@ -31,7 +31,12 @@ def cache_root() -> Path:
 
 def materialize(name: str, root: str | os.PathLike[str] | None = None) -> Path:
     """The directory of model ``name`` under ``root``, built on first use (atomically)."""
-    spec = MODELS[name]
+    return materialize_spec(MODELS[name], root)
+
+
+def materialize_spec(spec: ModelSpec, root: str | os.PathLike[str] | None = None) -> Path:
+    """The directory of the model ``spec`` describes under ``root``, built on first use."""
+    name = spec.name
     base = Path(root) if root is not None else cache_root()
     target = base / f"{name}-{spec.key()}"
     if (target / "config.json").is_file():

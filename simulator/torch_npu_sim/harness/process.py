@@ -27,6 +27,8 @@ def ensure() -> None:
     global _tmp
     if _tmp is not None:
         return
+    # The platform plugin only: vllm-ascend's general plugins (which load fine on the simulator)
+    # cost ~2 s of imports per process and touch nothing the harness drives.
     os.environ.setdefault("VLLM_PLUGINS", "ascend")
     os.environ.setdefault("TORCH_NPU_SIM", "1")
     from torch_npu_sim.install import install

@@ -1,0 +1,97 @@
+"""The simulator's model and settings for ``ascend-graph-patch ab --serve`` (no ``--model``).
+
+A served A/B compares what the client received: text. The tiny models' byte-level tokenizer
+cannot show most of what they generate (1024 logits, 257 tokens) and byte tokens do not
+round-trip through UTF-8, so two arms could send the same text for different tokens. The served
+model is the engine tests' dense Qwen3 (same config, same weights) with a word-level tokenizer
+over its whole vocabulary and no special tokens: token ``i`` is the word ``w<i>``, text and tokens
+map one to one, and the first token that differs is named exactly. The engine settings are the
+engine cases' (``cases.engine_kwargs``) as ``vllm serve`` arguments; the load is shaped so that
+most engine steps are pure decode and replay the FULL graphs: equal prompt and output lengths,
+every request sent at once, as many at a time as the engine batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .cases import ASCEND_COMPILATION
+from .models import MODELS, ModelSpec, materialize, materialize_spec
+
+#: The engine tests' Qwen3, served.
+TARGET = "qwen3"
+NAME = "qwen3_served"
+MAX_NUM_SEQS = 4
+
+
+def _save_word_tokenizer(directory: Path, vocab_size: int) -> None:
+    """Token ``i`` is the word ``w<i>`` (whitespace separated); nothing is special."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"\u2581w{i}": i for i in range(vocab_size)}  # Metaspace marks a word's start
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="\u2581w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
+
+
+def _build(spec: ModelSpec, directory: Path) -> None:
+    """The target's config and weights (hard-linked where possible), a word-level tokenizer."""
+    target = materialize(spec.config["target"], directory.parent)
+    for name in ("config.json", "model.safetensors"):
+        try:
+            os.link(target / name, directory / name)
+        except OSError:
+            shutil.copy2(target / name, directory / name)
+    config = json.loads((target / "config.json").read_text())
+    _save_word_tokenizer(directory, int(config["vocab_size"]))
+
+
+#: Keyed by the target's recipe too: a changed Qwen3 rebuilds its served copy.
+SPEC = ModelSpec(
+    NAME, _build, {"target": TARGET, "target_key": MODELS[TARGET].key(), "tokenizer": "words v2"}
+)
+
+
+def engine_args() -> list[str]:
+    """``vllm serve`` arguments of the engine cases' graph arm (``cases.engine_kwargs``)."""
+    compilation = {
+        "mode": 3,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "cudagraph_capture_sizes": [1, 2, MAX_NUM_SEQS],
+    }
+    return [
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--no-enable-prefix-caching",
+        "--no-async-scheduling",  # one thread drives the simulated device
+        "--kv-cache-memory-bytes",
+        str(64 << 20),
+        "--compilation-config",
+        json.dumps(compilation),
+        "--additional-config",
+        json.dumps({"ascend_compilation_config": ASCEND_COMPILATION}),
+    ]
+
+
+def defaults(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What ``ab --serve`` runs on the simulator unless told otherwise (plain data)."""
+    return {
+        "model": str(materialize_spec(SPEC, root)),
+        "engine_args": engine_args(),
+        "load": {
+            "num_prompts": 2 * MAX_NUM_SEQS,
+            "input_len": 12,
+            "output_len": 16,
+            "max_concurrency": MAX_NUM_SEQS,
+        },
+    }
