@@ -24,7 +24,7 @@ from typing import Any
 import wrapt
 
 from ascend_graph_patch import gate, settings, state
-from ascend_graph_patch.aspects import ASPECTS, VERIFY, groups, present
+from ascend_graph_patch.aspects import ASPECTS, NEEDS, VERIFY, groups, present
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.lines.base import Interceptor, Line
 
@@ -136,6 +136,15 @@ def unwrap(names: list[str]) -> None:
 
 
 def install_group(installation: _Installation, group: str) -> None:
+    missing = [base for base in NEEDS.get(group, ()) if base not in installation.groups]
+    if missing:
+        # The base group's own warning line (or its absence from the line) already says why.
+        why = "; ".join(
+            f"{base}: {state.STATE.gate.get(base, {}).get('reason', 'not in this release line')}"
+            for base in missing
+        )
+        state.STATE.gate[group] = {"verdict": "refused", "reason": f"needs {why}"}
+        return
     verdict = gate.check(group, force=settings.force())
     state.STATE.gate[group] = {"verdict": verdict.label, "reason": verdict.reason}
     if not verdict.ok:
@@ -227,11 +236,19 @@ def _on_import(module: ModuleType) -> None:
                 return
             installation.loaded.add(module.__name__)
             state.STATE.modules_seen.append(module.__name__)
-            for group, modules in groups(installation.line).items():
-                if group in installation.groups or group in state.STATE.gate:
-                    continue  # installed, or checked and refused already
-                if all(m in installation.loaded for m in modules):
+            table = groups(installation.line)
+            progress = True
+            while progress:  # a group's bases first, then the group, in one import
+                progress = False
+                for group, modules in table.items():
+                    if group in installation.groups or group in state.STATE.gate:
+                        continue  # installed, or checked and refused already
+                    if not all(m in installation.loaded for m in modules):
+                        continue
+                    if any(b in table and b not in state.STATE.gate for b in NEEDS.get(group, ())):
+                        continue  # a base group has not been checked yet
                     install_group(installation, group)
+                    progress = True
     except Exception as exc:  # never break the host's import
         state.warn_once("hook", f"post-import hook failed ({exc!r}); stock path kept")
 

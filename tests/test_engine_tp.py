@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from ascend_graph_patch import status_files
 from torch_npu_sim.engine import rank_fault, tp
 
 pytestmark = pytest.mark.timeout(1200)
@@ -38,7 +39,7 @@ GRAPH_ARMS = ("stock", "overlay", "verify")
 def tp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("engine-tp")
     results = tp.run(root, root / "models")
-    table = tp.table(results) + "\n\n" + tp.fault_table(root, results)
+    table = tp.table(results) + "\n\n" + tp.fault_table(root, results, status_files.read_dir)
     (root / "table.md").write_text(table + "\n")
     print("\n" + table)
     yield root, results
@@ -86,8 +87,6 @@ def test_every_rank_owns_its_graphs_and_updates_every_task(
     """Per rank, in its worker process: owned graphs = captured graphs, overlay updates (or
     verify's checks) = replays, tasks updated or checked = task updates the device applied,
     nothing left to stock or a fallback; and a status file under that worker's pid and rank."""
-    from ascend_graph_patch import status_files
-
     root, results = tp_run
     files = {s.get("pid"): s for s in status_files.read_dir(root / arm / "status")}
     bad = []
@@ -179,13 +178,11 @@ def test_negative_control_differs_from_eager_tp1(results: dict[str, Any]) -> Non
 @pytest.fixture(scope="module")
 def faults(tp_run: tuple[Path, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """The fault cases' rows (``tp.fault_rows``) by (arm, case name)."""
-    return {(r["arm"], r["case"]): r for r in tp.fault_rows(*tp_run)}
+    return {(r["arm"], r["case"]): r for r in tp.fault_rows(*tp_run, status_files.read_dir)}
 
 
 def _fault_record(root: Path, arm: str, record: dict[str, Any]) -> dict[str, Any] | None:
     """The fault record in the status file of the case's rank 1."""
-    from ascend_graph_patch import status_files
-
     ranks = [
         s
         for s in status_files.read_dir(root / arm / "status")
@@ -270,7 +267,6 @@ def test_ab_with_a_model_at_tp2_end_to_end(tmp_path: Path) -> None:
     workers owning their graphs, the stock arm's running with the overlay off."""
     import json
 
-    from ascend_graph_patch import status_files
     from ascend_graph_patch.ab import compare, orchestrate
     from torch_npu_sim.engine import cases, models
 

@@ -36,6 +36,11 @@ def _enable_and_expect_refusal(capfd, fragment: str) -> None:
     assert state.STATE.gate["v1"]["verdict"] == "refused"
     assert fragment in state.STATE.gate["v1"]["reason"]
     assert activation.installed() == []
+    # MLA builds on v1's capture and update wrappers: refused with v1, silently (one line), and
+    # status says why.
+    mla = state.STATE.gate["mla"]
+    assert mla["verdict"] == "refused" and mla["reason"].startswith("needs v1: "), mla
+    assert fragment in mla["reason"]
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ascend-graph-patch: not installed (v1)")
     assert fragment in err[0]

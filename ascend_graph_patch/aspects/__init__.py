@@ -134,6 +134,12 @@ ASPECTS: tuple[Aspect, ...] = (
 )
 
 
+# A group installs only over the groups it builds on, checked first: MLA and model runner v2 add
+# seams to v1's capture, attention and update wrappers, so without v1 they would own nothing (and a
+# refusal of v1, a drifted seam or an unsupported version, is one warning line, not one per group).
+NEEDS: dict[str, tuple[str, ...]] = {"mla": ("v1",), "v2": ("v1",)}
+
+
 def present(line: Line) -> tuple[Aspect, ...]:
     """The aspects whose seam ``line`` has (a release may declare a seam absent)."""
     return tuple(aspect for aspect in ASPECTS if line.has(aspect.seam))
@@ -158,6 +164,7 @@ __all__ = [
     "UPSTREAM",
     "VERIFY",
     "Aspect",
+    "NEEDS",
     "groups",
     "present",
 ]

@@ -239,6 +239,13 @@ def _overlay_here() -> dict[str, Any] | None:
     }
 
 
+def read_statuses(directory: Path) -> list[dict[str, Any]]:
+    """The status files in ``directory``, read by the overlay's reader (for the TP tables)."""
+    from ascend_graph_patch import status_files
+
+    return status_files.read_dir(directory)
+
+
 def _status_pids(directory: str | None) -> set[int]:
     if not directory or not os.path.isdir(directory):
         return set()

@@ -18,11 +18,14 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import arms, models, rank_fault
 from .cases import Case
+
+StatusReader = Callable[[Path], list[dict[str, Any]]]
 
 TP = {"tensor_parallel_size": 2}
 FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
@@ -214,13 +217,11 @@ def fault_fired_at(log: str, record: dict[str, Any]) -> float | None:
     return float(fired.group(4)) if fired else None
 
 
-def job_ended_at(status_dir: Path, record: dict[str, Any]) -> float | None:
+def job_ended_at(statuses: list[dict[str, Any]], record: dict[str, Any]) -> float | None:
     """When the case's last worker ended: its last status file write (at its exit)."""
-    from ascend_graph_patch import status_files
-
     written = [
         s.get("written_at")
-        for s in status_files.read_dir(status_dir)
+        for s in statuses
         if s["pid"] in case_pids(record) and s.get("rank") is not None
     ]
     times = [t for t in written if isinstance(t, float)]
@@ -237,9 +238,14 @@ def fault_outcome(log: str) -> str:
     return "other"
 
 
-def fault_rows(root: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
+def fault_rows(
+    root: Path, results: dict[str, Any], read_statuses: StatusReader
+) -> list[dict[str, Any]]:
     """One row per fault case run: arm, case, outcome, seconds from the fault to the end of the
-    job, the error the engine raised, and the root cause the engine core logged."""
+    job, the error the engine raised, and the root cause the engine core logged.
+
+    ``read_statuses`` reads an arm's status directory (the overlay's reader, passed in by the
+    caller that drives the overlay: this module stays on the stock side)."""
     rows = []
     for arm in ARMS:
         cases = results.get(arm, {}).get("cases") or {}
@@ -253,7 +259,7 @@ def fault_rows(root: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             mine = case_log(log, record)
             fired = fault_fired_at(log, record)
-            ended = job_ended_at(root / arm / "status", record)
+            ended = job_ended_at(read_statuses(root / arm / "status"), record)
             cause = re.search(r"RuntimeError: (Worker failed with error .*?), please check", mine)
             rows.append(
                 {
@@ -269,13 +275,13 @@ def fault_rows(root: Path, results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def fault_table(root: Path, results: dict[str, Any]) -> str:
+def fault_table(root: Path, results: dict[str, Any], read_statuses: StatusReader) -> str:
     """The fault cases: how each job ended, how long after the fault, what the user saw."""
     lines = [
         "| case | arm | outcome | fault to end of job (s) | engine raised | engine core logged |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for row in fault_rows(root, results):
+    for row in fault_rows(root, results, read_statuses):
         lines.append(
             f"| {row['case']} | {row['arm']} | {row['outcome']} | {row['seconds']} | "
             f"{row['error']} | {row['cause']} |"
@@ -297,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(table(results))
     print()
-    print(fault_table(out, results))
+    from .arm import read_statuses
+
+    print(fault_table(out, results, read_statuses))
     return 0
 
 
