@@ -36,8 +36,9 @@ def _enable_and_expect_refusal(capfd, fragment: str) -> None:
     assert state.STATE.gate["v1"]["verdict"] == "refused"
     assert fragment in state.STATE.gate["v1"]["reason"]
     assert activation.installed() == []
-    # MLA builds on v1's capture and update wrappers: refused with v1, silently (one line), and
-    # status says why.
+    # MLA builds on v1's capture and update wrappers: where its module has loaded (it has, after
+    # another test imported it), refused with v1, silently (one line), and status says why.
+    importlib.import_module("vllm_ascend.attention.mla_v1")
     mla = state.STATE.gate["mla"]
     assert mla["verdict"] == "refused" and mla["reason"].startswith("needs v1: "), mla
     assert fragment in mla["reason"]
