@@ -240,7 +240,8 @@ def _overlay_here() -> dict[str, Any] | None:
 
 
 def read_statuses(directory: Path) -> list[dict[str, Any]]:
-    """The status files in ``directory``, read by the overlay's reader (for the TP tables)."""
+    """The status files in ``directory``, read by the overlay's reader (this arm's and the TP
+    tables')."""
     from ascend_graph_patch import status_files
 
     return status_files.read_dir(directory)
@@ -249,9 +250,7 @@ def read_statuses(directory: Path) -> list[dict[str, Any]]:
 def _status_pids(directory: str | None) -> set[int]:
     if not directory or not os.path.isdir(directory):
         return set()
-    from ascend_graph_patch import status_files
-
-    return {s.get("pid") for s in status_files.read_dir(directory)}
+    return {s.get("pid") for s in read_statuses(Path(directory))}
 
 
 def _overlay_from_files(directory: str | None, pids_before: set[int]) -> dict[str, Any] | None:
@@ -263,7 +262,7 @@ def _overlay_from_files(directory: str | None, pids_before: set[int]) -> dict[st
     mine = os.getpid()
     snaps = [
         s
-        for s in status_files.read_dir(directory)
+        for s in read_statuses(Path(directory))
         if s.get("pid") not in pids_before and s.get("pid") != mine
     ]
     merged = status_files.merge(snaps)

@@ -253,13 +253,14 @@ def fault_rows(
             log = (root / arm / "log").read_text(errors="replace")
         except OSError:
             log = ""
+        statuses = read_statuses(root / arm / "status")
         for case in FAULT_CASES:
             record = cases.get(case.name)
             if record is None:
                 continue
             mine = case_log(log, record)
             fired = fault_fired_at(log, record)
-            ended = job_ended_at(read_statuses(root / arm / "status"), record)
+            ended = job_ended_at(statuses, record)
             cause = re.search(r"RuntimeError: (Worker failed with error .*?), please check", mine)
             rows.append(
                 {
