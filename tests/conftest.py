@@ -6,6 +6,7 @@ imported lazily here so that test modules which never build an engine do not pay
 
 from __future__ import annotations
 
+import os
 import random
 import zlib
 from collections.abc import Callable, Iterator
@@ -15,6 +16,19 @@ import pytest
 
 if TYPE_CHECKING:
     from torch_npu_sim.workload import Workload
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Whatever a test's code sets in ``os.environ`` is undone after it. Commands run in-process
+    set defaults for their own process (``bench`` sets ``VLLM_LOGGING_LEVEL=ERROR``); left in
+    place they reach every server and engine a later test starts (CI: a served A/B's servers
+    logged nothing at INFO after tests/test_bench.py had run a bench)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture
