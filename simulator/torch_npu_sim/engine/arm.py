@@ -17,6 +17,8 @@ simulator's runtime counters (engine core in-process only) and the speculative d
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import json
 import os
 import signal
@@ -36,6 +38,40 @@ ENV_KEYS = (
     "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES",
     "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT",
     "VLLM_PLUGINS",
+)
+
+#: Third-party packages an engine imports while it builds (pandas, scipy, numba, OpenTelemetry,
+#: ...) that neither vLLM nor vllm-ascend patches, so when they are imported cannot change what a
+#: case does. The first case's child reports which of their modules it imported; the arm imports
+#: those before forking the next cases, which then neither import them again (~1 s a case) nor
+#: scan them in each of the engine's ~13 ``gc.collect()`` calls. vLLM's, vllm-ascend's, torch's
+#: and transformers' own modules stay imported in each case's child, in the engine's order:
+#: vllm-ascend patches vLLM's modules as it starts, and an earlier import would change what the
+#: patched modules' importers bind.
+PRELOADABLE = frozenset(
+    {
+        "anyio",
+        "compressed_tensors",
+        "dateutil",
+        "email_validator",
+        "fastapi",
+        "google",
+        "grpc",
+        "ijson",
+        "llguidance",
+        "llvmlite",
+        "loguru",
+        "msgspec",
+        "numba",
+        "opentelemetry",
+        "pandas",
+        "prometheus_client",
+        "scipy",
+        "starlette",
+        "sympy",
+        "tvm_ffi",
+        "xgrammar",
+    }
 )
 
 
@@ -65,8 +101,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     _inspect_models_in_process()
 
     records: dict[str, Any] = {}
+    learned: list[str] = []
     for data in spec["cases"]:
-        records[data["name"]] = _run_forked(spec, data)
+        if learned:
+            records[data["name"]] = _run_forked(spec, data)
+        else:  # until a case got far enough to import them
+            records[data["name"]] = _run_forked(spec, data, learned)
+            _preload(learned)
     return {
         "pid": os.getpid(),
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
@@ -83,10 +124,32 @@ def _inspect_models_in_process() -> None:
     registry._run_in_subprocess = lambda fn: fn()
 
 
-def _run_forked(spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+def _preload(modules: list[str]) -> None:
+    """Import ``modules`` (of :data:`PRELOADABLE` packages) here, before the next forks; one
+    that fails to import is left to the children, as before."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - the child imports it (or fails) as it did
+            continue
+
+
+def _preloadable(names: list[str]) -> list[str]:
+    return [n for n in names if n.partition(".")[0] in PRELOADABLE]
+
+
+def _run_forked(
+    spec: dict[str, Any], case: dict[str, Any], learn: list[str] | None = None
+) -> dict[str, Any]:
+    """Run ``case`` in a forked child; with ``learn``, also collect into it the preloadable
+    modules the child imported (in their import order)."""
     timeout = float(spec.get("timeout", 600))
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         out = Path(handle.name)
+    modules_out = out.with_suffix(".modules")
+    imported_before = set(sys.modules)
+    # What the arm holds is never garbage in a case: its collections skip it.
+    gc.freeze()
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the case's process: its own group, so a timeout kills what it started
@@ -94,6 +157,9 @@ def _run_forked(spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
         try:
             os.setpgid(0, 0)
             out.write_text(json.dumps(run_case(spec, case)))
+            if learn is not None:
+                new = [n for n in list(sys.modules) if n not in imported_before]
+                modules_out.write_text("\n".join(_preloadable(new)))
         except BaseException:  # noqa: BLE001 - reported to the parent through the file
             out.write_text(json.dumps({"error": "arm: " + traceback.format_exc()[-2000:]}))
             code = 1
@@ -102,6 +168,9 @@ def _run_forked(spec: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
             sys.stderr.flush()
             os._exit(code)
     status = _wait(pid, timeout)
+    if learn is not None and modules_out.exists():
+        learn.extend(modules_out.read_text().split())
+    modules_out.unlink(missing_ok=True)
     try:
         record = json.loads(out.read_text()) if out.stat().st_size else {}
     except (OSError, ValueError):
