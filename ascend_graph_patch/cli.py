@@ -9,6 +9,8 @@ docstring line) is its one-line description in ``--help``. Only the subcommand t
 imported.
 
 Errors never end in a traceback (unless ``ASCEND_GRAPH_PATCH_DEBUG=1``): one line, non-zero exit.
+A subcommand runs under ``supervisor.supervise``: SIGTERM, SIGINT and SIGHUP end it like Ctrl-C
+(exit status 128 + the signal's number), and every process it started stops with it.
 """
 
 from __future__ import annotations
@@ -136,12 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         if run is None:
             parser.print_help(sys.stderr)
             return 2
-        return int(run(args) or 0)
+        from ascend_graph_patch import supervisor
+
+        # SIGTERM, SIGINT and SIGHUP end the command like Ctrl-C; every process it started
+        # stops with it, also if it is killed outright (supervisor's guardian).
+        with supervisor.supervise():
+            return int(run(args) or 0)
     except SystemExit as exc:  # argparse: --help / --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # supervisor.Interrupted: 128 + the signal's number
+        name = getattr(exc, "name", "SIGINT")
+        print(f"{PROG}: interrupted ({name})", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
     except Exception as exc:
         if _debug():
             import traceback

@@ -37,7 +37,7 @@ closes; the engine core itself watches nothing, it outlives a killed parent; on 
 shuts down (and terminates its workers). Hence the group, the guardian and the grace period.
 
 The API, small and stable (the served A/B starts ``vllm serve`` and its clients through it):
-:func:`start`, :func:`adopt`, :func:`stop`, :func:`stop_all`, :func:`supervise`,
+:func:`start`, :func:`adopt`, :func:`stop`, :func:`stop_many`, :func:`stop_all`, :func:`supervise`,
 :func:`die_with_parent`, :class:`Interrupted`. Stdlib only: the CLI imports it on every start.
 """
 
@@ -49,7 +49,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -304,16 +304,27 @@ def stop(child: subprocess.Popen[Any] | int, grace: float | None = None) -> int 
     return proc.returncode if proc is not None else None
 
 
-def stop_all(grace: float | None = None) -> None:
-    """Stop every supervised child of this process, all groups at once (one grace period)."""
+def stop_many(children: Iterable[subprocess.Popen[Any] | int], grace: float | None = None) -> None:
+    """Stop several supervised children at once: one grace period for all of them (a command
+    interrupted while it runs arms side by side waits once, not once per arm)."""
     with _STATE.lock:
-        groups = dict(_STATE.groups)
+        groups: dict[int, subprocess.Popen[Any] | None] = {}
+        for child in children:
+            pgid = child if isinstance(child, int) else child.pid
+            groups[pgid] = child if not isinstance(child, int) else _STATE.groups.get(pgid)
     if not groups:
         return
     _stop_groups(set(groups), grace)
     for pgid, proc in groups.items():
         _reap(pgid, proc)
         _release(pgid)
+
+
+def stop_all(grace: float | None = None) -> None:
+    """Stop every supervised child of this process, all groups at once (one grace period)."""
+    with _STATE.lock:
+        groups = list(_STATE.groups)
+    stop_many(groups, grace)
 
 
 def children() -> list[int]:

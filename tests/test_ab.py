@@ -338,7 +338,9 @@ def test_command_exit_codes(fake_worker: Path, tmp_path: Path, monkeypatch, caps
 def test_usage_errors(tmp_path: Path, capsys):
     assert command.run(_args("--scenarios", "no_such_scenario", "--out", str(tmp_path))) == 2
     assert command.run(_args("--prompts", str(tmp_path / "p.jsonl"))) == 2
-    assert command.run(_args("--steps", "0")) == 2
+    with pytest.raises(SystemExit) as refused:  # a bad value: refused while parsing
+        _args("--steps", "0")
+    assert refused.value.code == 2
     assert command.run(_args("--model", "m", "--prompts", str(tmp_path / "missing"))) == 2
     assert "error" in capsys.readouterr().err
 

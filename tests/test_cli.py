@@ -199,7 +199,7 @@ def test_keyboard_interrupt(monkeypatch, capsys: pytest.CaptureFixture[str]) -> 
 
     add_command(monkeypatch, "slow", interrupt)
     assert cli.main(["slow"]) == 130
-    assert capsys.readouterr().err == "ascend-graph-patch: interrupted\n"
+    assert capsys.readouterr().err == "ascend-graph-patch: interrupted (SIGINT)\n"
 
 
 def test_console_script_installed(tmp_path: Path) -> None:

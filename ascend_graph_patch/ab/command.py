@@ -5,7 +5,9 @@ engine over tiny models (dense, Gemma4-type, a draft model), with ``--scenarios`
 or harness workload (the real vllm-ascend graph code driven directly: MTP drafts, model runner
 v2), with ``--all`` every one. With ``--model`` it is vLLM offline greedy inference of that model:
 on an Ascend host, or on the simulator where no real torch_npu is installed. Exit status: 0 PASS,
-1 outputs differ (or the overlay was not effective), 2 usage error, 3 an arm crashed or timed out.
+1 outputs differ (or the overlay was not effective), 2 usage error, 3 an arm crashed or timed out,
+128 + the signal's number when interrupted (130 SIGINT, 143 SIGTERM, 129 SIGHUP; the report is
+still written, verdict INTERRUPTED, with the arms that finished).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from ascend_graph_patch import argtypes
 from ascend_graph_patch.ab import served
 
 HELP = "A/B the overlay against stock replay (fresh process per arm, ABBA); writes a report"
@@ -32,7 +35,10 @@ class UsageError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out", default="ab-report", help="report directory (default: %(default)s)"
+        "--out",
+        type=argtypes.output_dir,
+        default="ab-report",
+        help="report directory (default: %(default)s)",
     )
     parser.add_argument(
         "--scenarios",
@@ -51,14 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the simulator workloads")
     parser.add_argument(
         "--steps",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=DEFAULT_STEPS,
         help="decode steps per scenario (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every arm (default: 0)")
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=1,
         help="ABBA blocks (stock, patched, patched, stock) (default: 1)",
     )
@@ -76,38 +82,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=None,
         help="arms run at once (default: 2 for simulator engine cases, whose host timing is "
         "not used; else 1)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.positive_float,
         default=None,
         help="seconds per arm before it is killed and reported as CRASH "
         "(default: 600 simulator, 3600 vLLM)",
     )
     parser.add_argument(
         "--warmup",
-        type=int,
+        type=argtypes.int_at_least(0),
         default=2,
         help="leading steps per case left out of the timing (default: 2)",
     )
     parser.add_argument(
         "--atol",
-        type=float,
+        type=argtypes.non_negative_float,
         default=1e-5,
         help="logits tolerance between arms (default: %(default)g)",
     )
     parser.add_argument(
         "--eager-atol",
-        type=float,
+        type=argtypes.non_negative_float,
         default=1e-3,
         help="logits tolerance graph vs eager (default: %(default)g)",
     )
     parser.add_argument(
-        "--model", default=None, help="run vLLM offline inference with this model (Ascend host)"
+        "--model",
+        type=argtypes.model,
+        default=None,
+        help="run vLLM offline inference with this model: a local folder (checked before any "
+        "arm starts) or a hub id (Ascend host)",
     )
     parser.add_argument(
         "--prompts",
@@ -117,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=64,
         help="tokens generated per prompt with --model (default: 64)",
     )
@@ -298,8 +308,15 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from ascend_graph_patch.ab import compare, orchestrate, report
 
-    runs = orchestrate.run_ab(cfg)
+    interrupted: orchestrate.ArmsInterrupted | None = None
+    try:
+        runs = orchestrate.run_ab(cfg)
+    except orchestrate.ArmsInterrupted as exc:  # its arms are stopped: report what finished
+        interrupted, runs = exc, exc.runs
+        print(f"ascend-graph-patch ab: interrupted ({exc.signal}); arms stopped", file=sys.stderr)
     summary = compare.summarize(cfg, runs)
+    if interrupted is not None:
+        summary.exit_code = interrupted.exit_code
     paths = report.write(cfg, summary, runs)
     if args.json:
         print(paths["json"].read_text())

@@ -31,17 +31,29 @@ from typing import Any
 from ascend_graph_patch.ab.orchestrate import MODEL_WORKLOADS, ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
 
-PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE = (
+PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE, INTERRUPTED = (
     "PASS",
     "PASS (stock fails, known)",
     "PASS (stock wrong, known)",
     "DIFF",
     "CRASH",
     "INEFFECTIVE",
+    "INTERRUPTED",
 )
 PASSES = (PASS, PASS_KNOWN, PASS_WRONG)
-_RANK = {PASS: 0, PASS_KNOWN: 0, PASS_WRONG: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3}
-EXIT_CODES = {PASS: 0, PASS_KNOWN: 0, PASS_WRONG: 0, INEFFECTIVE: 1, DIFF: 1, CRASH: 3}
+_RANK = {PASS: 0, PASS_KNOWN: 0, PASS_WRONG: 0, INEFFECTIVE: 1, DIFF: 2, CRASH: 3, INTERRUPTED: 4}
+#: INTERRUPTED: the command's own exit status replaces 130 (128 + the signal's number).
+EXIT_CODES = {
+    PASS: 0,
+    PASS_KNOWN: 0,
+    PASS_WRONG: 0,
+    INEFFECTIVE: 1,
+    DIFF: 1,
+    CRASH: 3,
+    INTERRUPTED: 130,
+}
+#: Run statuses of an interrupted A/B: stopped while it ran, or never started.
+UNFINISHED = ("interrupted", "not run")
 #: The arms whose host update time is compared.
 TIMED_ARMS = ("stock", "patched")
 #: Why a real engine on the simulator shows no host timing.
@@ -131,7 +143,9 @@ def _known_wrong(expect: str) -> bool:
 
 
 def case_state(run: ArmRun, name: str) -> tuple[str, dict[str, Any] | None]:
-    """(state, case) with state in ok / known_fail / error / crash / missing."""
+    """(state, case) with state in ok / known_fail / error / crash / missing / interrupted."""
+    if run.status in UNFINISHED:
+        return "interrupted", None
     if run.status != "ok" or run.result is None:
         return "crash", None
     case = next((c for c in run.result.get("cases", []) if c.get("name") == name), None)
@@ -214,7 +228,9 @@ def judge_case(cfg: ABConfig, runs: list[ArmRun], name: str) -> CaseResult:
     for run in runs:
         state, case = states[run.index]
         where = f"{run.arm} arm (run {run.index})"
-        if state == "crash":
+        if state == "interrupted":
+            res.fail(INTERRUPTED, f"{where} {run.status}")
+        elif state == "crash":
             res.fail(CRASH, f"{where} crashed: {run.error}")
         elif state == "missing":
             res.fail(CRASH, f"{where} did not run the case")
@@ -278,6 +294,7 @@ def _label(state: str) -> str:
         "error": "ERROR",
         "crash": "CRASH",
         "missing": "missing",
+        "interrupted": "interrupted",
     }[state]
 
 
@@ -405,7 +422,8 @@ def _check_eager_arm(
     if state != "ok" or case is None:
         detail = eager.error if state == "crash" else (case or {}).get("error", state)
         res.correctness["eager"] = f"{_label(state)}: {detail}"
-        res.fail(CRASH, f"eager arm (run {eager.index}) has no reference: {detail}")
+        verdict = INTERRUPTED if state == "interrupted" else CRASH
+        res.fail(verdict, f"eager arm (run {eager.index}) has no reference: {detail}")
         return
     res.correctness["eager"] = "reference"
     ref = case.get("tokens", [])
@@ -584,7 +602,15 @@ def summarize(cfg: ABConfig, runs: list[ArmRun]) -> Summary:
     for run in runs:  # a crash must surface even if no case names it (e.g. no cases at all)
         if run.status != "ok" and not any(f"run {run.index})" in p for p in problems):
             problems.append(f"{run.arm} arm (run {run.index}) {run.status}: {run.error}")
-            verdict = CRASH
+            verdict = (
+                INTERRUPTED if run.status in UNFINISHED else max(verdict, CRASH, key=_RANK.get)
+            )
+    unfinished = [r for r in runs if r.status in UNFINISHED]
+    if unfinished:  # the report says what finished
+        verdict = INTERRUPTED
+        problems.insert(
+            0, f"interrupted: {len(runs) - len(unfinished)} of {len(runs)} arm runs finished"
+        )
     ratio, noise = _overall_timing(cases)
     speed = speed_label(ratio, noise)
     return Summary(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch import status_files
+from ascend_graph_patch import status_files, supervisor
 from ascend_graph_patch.ab.protocol import ARM_MODES, read_progress
 
 #: The worker that runs vLLM itself (on an Ascend host, or on the simulator).
@@ -260,13 +260,22 @@ def spec_for(cfg: ABConfig, run: ArmRun) -> dict[str, Any]:
     return spec
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """End the arm's process group (the worker may have children: vLLM engine core)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
+class ArmsInterrupted(KeyboardInterrupt):
+    """The A/B was interrupted (a signal, Ctrl-C): every arm still running has been stopped and
+    marked; ``runs`` holds every planned run, finished or not, for the report of what finished."""
+
+    def __init__(self, runs: list[ArmRun], cause: BaseException) -> None:
+        self.runs = runs
+        self.signal = getattr(cause, "name", "SIGINT")
+        #: The shell's convention: 128 + the signal's number (130 for Ctrl-C).
+        self.exit_code = int(getattr(cause, "exit_code", 128 + signal.SIGINT))
+        super().__init__(self.signal)
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    """End arms' process groups (a worker may have children: vLLM's engine core, its workers,
+    a server): SIGTERM, one grace period for all, then SIGKILL (``supervisor``)."""
+    supervisor.stop_many(procs)
 
 
 @dataclass
@@ -305,15 +314,8 @@ def start_arm(cfg: ABConfig, run: ArmRun, env: dict[str, str] | None = None) -> 
         str(progress_path),
     ]
     run_env = arm_env(dict(os.environ if env is None else env), cfg, run)
-    with open(run.log, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=run_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    with open(run.log, "wb") as log:  # supervised: ends with this command, however it ends
+        proc = supervisor.start(cmd, env=run_env, stdout=log, stderr=subprocess.STDOUT)
     return _Running(run, proc, time.monotonic(), result_path, progress_path)
 
 
@@ -342,7 +344,7 @@ def poll_arm(cfg: ABConfig, running: _Running, bar: Any = None) -> bool:
     if running.proc.poll() is not None:
         return True
     if time.monotonic() - running.started > cfg.timeout:
-        _kill(running.proc)
+        _stop(running.proc)
         running.run.error = f"no result after {cfg.timeout:.0f} s (killed)"
         running.run.status = "timeout"
         return True
@@ -450,6 +452,7 @@ def run_ab(cfg: ABConfig, env: dict[str, str] | None = None) -> list[ArmRun]:
     runs = plan_runs(cfg)
     bar = _progress_bar(cfg, cfg.units_per_run() * len(runs))
     pending, running = list(runs), []
+    stopped = False
     try:
         while pending or running:
             while pending and len(running) < max(cfg.jobs, 1):
@@ -470,9 +473,19 @@ def run_ab(cfg: ABConfig, env: dict[str, str] | None = None) -> list[ArmRun]:
                             f"ab:   {r.arm} (run {r.index}) {r.status} in {r.seconds:.1f} s",
                             file=sys.stderr,
                         )
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (supervisor.Interrupted)
+        _stop(*(entry.proc for entry in running))
+        stopped = True
+        for entry in running:
+            entry.run.seconds = time.monotonic() - entry.started
+            entry.run.status = "interrupted"
+            entry.run.error = f"interrupted ({getattr(exc, 'name', 'SIGINT')}): arm stopped"
+        for run in pending:
+            run.status, run.error = "not run", "interrupted before it started"
+        raise ArmsInterrupted(runs, exc) from exc
     finally:
-        for entry in running:  # interrupted: leave no arm behind
-            _kill(entry.proc)
+        if not stopped:  # an exception of our own: leave no arm behind either
+            _stop(*(entry.proc for entry in running))
         if bar is not None:
             bar.close()
     return runs

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ascend_graph_patch import argtypes
+
 #: The load of a served A/B on an Ascend host (the simulator gives its own, smaller one).
 DEFAULT_LOAD = {"num_prompts": 32, "input_len": 64, "output_len": 64, "max_concurrency": 8}
 #: ``--timeout`` of a served arm unless given: server start-up, compile, capture, the loads.
@@ -48,41 +50,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="A/B the served path: vllm serve per arm, vllm bench serve as the client",
     )
     group.add_argument(
-        "--num-prompts", type=int, default=None, help="requests per load (default: 32; sim 8)"
+        "--num-prompts",
+        type=argtypes.int_at_least(1),
+        default=None,
+        help="requests per load (default: 32; sim 8)",
     )
     group.add_argument(
         "--input-len",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=None,
         help="prompt tokens of the random dataset (default: 64; sim 12)",
     )
     group.add_argument(
         "--output-len",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=None,
         help="tokens generated per request, EOS ignored (default: 64; sim 16)",
     )
     group.add_argument(
         "--max-concurrency",
-        type=int,
+        type=argtypes.int_at_least(1),
         default=None,
         help="requests in flight at most (default: 8; sim 4, the engine's batch)",
     )
     group.add_argument(
         "--request-rate",
-        type=float,
+        type=argtypes.rate,
         default=None,
         help="requests per second, Poisson arrivals (default: all at once)",
     )
     group.add_argument(
         "--temperature",
-        type=float,
+        type=argtypes.non_negative_float,
         default=0.0,
         help="sampling temperature; above 0 every request is sampled with --sampling-seed "
         "(default: 0, greedy)",
     )
-    group.add_argument("--top-p", type=float, default=None, help="top-p of the sampled load")
-    group.add_argument("--top-k", type=int, default=None, help="top-k of the sampled load")
+    group.add_argument(
+        "--top-p", type=argtypes.probability, default=None, help="top-p of the sampled load"
+    )
+    group.add_argument(
+        "--top-k", type=argtypes.int_at_least(1), default=None, help="top-k of the sampled load"
+    )
     group.add_argument(
         "--sampling-seed",
         type=int,

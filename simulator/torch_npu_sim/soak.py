@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ascend_graph_patch import argtypes
+
 RSS_GROWTH_LIMIT_MB = 64.0
 
 
@@ -304,10 +306,17 @@ HELP = "soak the overlay on the simulator: >= 10,000 replay steps, each checked 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=10_000, help="replay steps in total")
-    parser.add_argument("--chunk", type=int, default=250, help="steps per scenario visit")
     parser.add_argument(
-        "--verify-steps", type=int, default=40, help="steps per scenario in the verify pass"
+        "--steps", type=argtypes.int_at_least(1), default=10_000, help="replay steps in total"
+    )
+    parser.add_argument(
+        "--chunk", type=argtypes.int_at_least(1), default=250, help="steps per scenario visit"
+    )
+    parser.add_argument(
+        "--verify-steps",
+        type=argtypes.int_at_least(1),
+        default=40,
+        help="steps per scenario in the verify pass",
     )
     parser.add_argument(
         "--scenarios",
@@ -315,14 +324,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated workload names, any of `ab --list` (default: the v1 target ones)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--atol", type=float, default=1e-3)
+    parser.add_argument("--atol", type=argtypes.non_negative_float, default=1e-3)
     parser.add_argument(
         "--faults",
-        type=float,
+        type=_rate,
         default=0.01,
         help="also run as many steps with a fault injected at this rate (0: no fault pass)",
     )
-    parser.add_argument("--out", default="soak-result.json")
+    parser.add_argument(
+        "--out",
+        type=argtypes.output_file,
+        default="soak-result.json",
+        help="the result's JSON file (default: %(default)s)",
+    )
+
+
+def _rate(text: str) -> float:
+    """A fault rate in [0, 1]."""
+    value = argtypes.non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"a rate between 0 and 1, not {text}")
+    return value
 
 
 def run_command(ns: argparse.Namespace) -> int:
@@ -332,8 +354,12 @@ def run_command(ns: argparse.Namespace) -> int:
 
     names = [s for s in (ns.scenarios or ",".join(SCENARIOS)).split(",") if s]
     unknown = [n for n in names if n not in CATALOGUE]
-    if unknown or ns.steps < 1 or ns.chunk < 1:
-        print(f"soak: error: bad arguments (unknown scenarios: {unknown})", file=sys.stderr)
+    if unknown:
+        known = ", ".join(sorted(CATALOGUE))
+        print(f"soak: error: unknown scenarios {unknown}; known: {known}", file=sys.stderr)
+        return 2
+    if ns.steps < 1 or ns.chunk < 1:
+        print("soak: error: --steps and --chunk must be >= 1", file=sys.stderr)
         return 2
     if not 0.0 <= ns.faults <= 1.0:
         print("soak: error: --faults is a rate between 0 and 1", file=sys.stderr)

@@ -15,6 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ascend_graph_patch import argtypes
+
 #: The JSON layout (docs/bench.md, "JSON"): 2 added the per-point targets, ``met``, ``all_met``,
 #: ``schema`` and the optional ``projection``; every key of 1 is kept with its meaning.
 SCHEMA = 2
@@ -60,14 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=_ints, default=None, help="e.g. 1,28,64,94")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,64,256")
     parser.add_argument(
-        "--rounds", type=int, default=None, help="interleaved rounds per point (median taken)"
+        "--rounds",
+        type=argtypes.int_at_least(1),
+        default=None,
+        help="interleaved rounds per point (median taken)",
     )
-    parser.add_argument("--inner", type=int, default=None, help="calls per round")
+    parser.add_argument(
+        "--inner", type=argtypes.int_at_least(1), default=None, help="calls per round"
+    )
     parser.add_argument("--no-capture", action="store_true", help="skip the capture overhead")
     parser.add_argument("--no-startup", action="store_true", help="skip the loader start-up cost")
     parser.add_argument(
         "--json",
         dest="json_path",
+        type=argtypes.output_file,
         default=None,
         metavar="FILE",
         help="also write the results as JSON",
@@ -313,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if projection is not None:
             data["projection"] = projection
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(data, indent=1))
         print(f"json: {args.json_path}")
     return 1 if any(p.error for p in result.points) else 0

@@ -150,12 +150,15 @@ def _run_forked(
     imported_before = set(sys.modules)
     # What the arm holds is never garbage in a case: its collections skip it.
     gc.freeze()
+    from ascend_graph_patch import supervisor  # stdlib only: no overlay is activated by it
+
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the case's process: its own group, so a timeout kills what it started
         code = 0
         try:
             os.setpgid(0, 0)
+            supervisor.die_with_parent()  # the arm killed outright: the case goes too
             out.write_text(json.dumps(run_case(spec, case)))
             if learn is not None:
                 new = [n for n in list(sys.modules) if n not in imported_before]
@@ -167,7 +170,12 @@ def _run_forked(
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    status = _wait(pid, timeout)
+    # The arm's guardian stops the case's group (its engine core too) if the arm is killed.
+    supervisor.adopt(pid)
+    try:
+        status = _wait(pid, timeout)
+    finally:  # also when the arm is interrupted: what the case started goes with it
+        supervisor.stop(pid)
     if learn is not None and modules_out.exists():
         learn.extend(modules_out.read_text().split())
     modules_out.unlink(missing_ok=True)
