@@ -60,8 +60,9 @@ def mark() -> Iterator[str]:
     kill_marked(value)  # whatever a failed case left behind
 
 
-def _start(argv: list[str], mark: str, tmp_path: Path) -> subprocess.Popen[str]:
+def _start(argv: list[str], mark: str, tmp_path: Path, **extra: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_GRAPH_PATCH")}
+    env.update(extra)
     env[MARK] = mark
     env["VLLM_LOGGING_LEVEL"] = "ERROR"
     return subprocess.Popen(
@@ -159,3 +160,43 @@ def test_a_real_engine_arm_stops_with_the_command_killed_outright(
     time.sleep(1.0)  # a worker that lived on would have written it by now
     (arm,) = (out / "arms").iterdir()
     assert not (arm / "result.json").exists(), "the arm ran to its end after the command died"
+
+
+def _wait_for_counting(status_dir: Path, proc: subprocess.Popen[str], limit: float = 180.0) -> None:
+    """Until the command's overlay has written a status file (it counts updates: the soak or
+    the benchmark is past its imports, measuring)."""
+    end = time.monotonic() + limit
+    while not any(status_dir.glob("status-*.json")):
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            pytest.fail(f"no status file: {proc.returncode} {proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("command", ["soak", "bench"])
+def test_an_interrupted_soak_or_benchmark_writes_what_it_measured(
+    tmp_path: Path, mark: str, command: str
+) -> None:
+    """SIGTERM while measuring: exit 143, and the JSON result is written, marked interrupted,
+    with what finished (before issue 27 the process died and wrote nothing)."""
+    result = tmp_path / "result.json"
+    status_dir = tmp_path / "status"
+    argv = {
+        "soak": ["soak", "--steps", "100000", "--chunk", "50", "--out", str(result)],
+        "bench": ["bench", "--kinds", "FIA", "--layers", "1,28,64,94", "--no-progress"]
+        + ["--json", str(result)],
+    }[command]
+    proc = _start(argv, mark, tmp_path, ASCEND_GRAPH_PATCH_STATUS_DIR=str(status_dir))
+    _wait_for_counting(status_dir, proc)
+    proc.send_signal(signal.SIGTERM)
+    returncode, stdout, stderr = _end(proc)
+    assert returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    data = json.loads(result.read_text())
+    assert data["interrupted"] == "SIGTERM"
+    if command == "soak":
+        assert data["ok"] is False and data["problems"][0].startswith("interrupted (SIGTERM)")
+        assert "INTERRUPTED" in stderr
+    else:
+        assert data["all_met"] is False and "INTERRUPTED (SIGTERM)" in stdout
+    assert wait_gone(mark, 20.0) == {}

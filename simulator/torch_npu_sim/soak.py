@@ -169,9 +169,16 @@ def _within(output: Any, eager: Any, atol: float) -> bool:
 
 
 def fault_pass(
-    steps: int, chunk: int, rate: float, seed: int, atol: float, names: list[str]
+    steps: int,
+    chunk: int,
+    rate: float,
+    seed: int,
+    atol: float,
+    names: list[str],
+    done: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The overlay on, faults injected at ``rate``: per workload, what happened."""
+    """The overlay on, faults injected at ``rate``: per workload, what happened (also in
+    ``done["faults"]`` as it happens)."""
     import random
 
     from ascend_graph_patch import activation
@@ -181,6 +188,8 @@ def fault_pass(
     per: dict[str, dict[str, Any]] = {
         n: {"steps": 0, "unexpected": 0, "hangs": 0, "faults": {}, "rss_mb": []} for n in names
     }
+    if done is not None:
+        done["faults"] = per
     total = 0
     try:
         while total < steps:
@@ -205,7 +214,10 @@ def run(
     names: list[str],
     fault_rate: float = 0.0,
     fault_names: list[str] | None = None,
+    done: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The soak; ``done`` (if given) holds the per-workload figures as they accumulate, so that
+    an interrupted soak can still report what finished."""
     from ascend_graph_patch import activation
     from torch_npu_sim.harness.scenarios import CATALOGUE
 
@@ -222,6 +234,8 @@ def run(
         }
         for n in names
     }
+    done = {} if done is None else done
+    done["scenarios"] = per
     total, cycle = 0, 0
     while total < steps:
         for name in names:
@@ -239,6 +253,7 @@ def run(
     activation.disable()
     activation.enable("verify")
     verify: dict[str, Any] = {}
+    done["verify"] = verify
     for name in names:
         if CATALOGUE[name].stock != "ok":
             continue
@@ -271,7 +286,7 @@ def run(
             problems.append(f"verify {name}: no update was verified")
     faulted: dict[str, Any] = {}
     if fault_rate > 0:
-        faulted = fault_pass(steps, chunk, fault_rate, seed + 1, atol, fault_names or names)
+        faulted = fault_pass(steps, chunk, fault_rate, seed + 1, atol, fault_names or names, done)
         for name, s in faulted.items():
             rss = s["rss_mb"]
             s["rss_growth_mb"] = round(rss[-1] - rss[1], 1) if len(rss) > 2 else 0.0
@@ -299,6 +314,28 @@ def run(
         "overlay_counters": on_counters,
         "problems": problems,
         "ok": not problems,
+    }
+
+
+def _interrupted(done: dict[str, Any], signal_name: str, seconds: float) -> dict[str, Any]:
+    """The result of an interrupted soak: the figures of what finished, marked, never ok."""
+    per = done.get("scenarios") or {}
+    verify = done.get("verify") or {}
+    faulted = done.get("faults") or {}
+    return {
+        "tool": "torch_npu_sim.soak",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "seconds": round(seconds, 1),
+        "interrupted": signal_name,
+        "replay_steps": sum(s["steps"] for s in per.values()),
+        "verify_steps": sum(s["steps"] for s in verify.values()),
+        "fault_steps": sum(s["steps"] for s in faulted.values()),
+        "scenarios": per,
+        "verify": verify,
+        "faults": faulted,
+        "problems": [f"interrupted ({signal_name}) before the soak finished"],
+        "ok": False,
     }
 
 
@@ -370,10 +407,32 @@ def run_command(ns: argparse.Namespace) -> int:
         for n in names
         if isinstance(CATALOGUE[n], Scenario) and CATALOGUE[n].update_order == "replay_then_update"
     ]
-    result = run(
-        ns.steps, ns.chunk, ns.verify_steps, ns.seed, ns.atol, names, ns.faults, fault_names
-    )
+    done: dict[str, Any] = {}
+    started = time.time()
     out = Path(ns.out)
+    try:
+        result = run(
+            ns.steps,
+            ns.chunk,
+            ns.verify_steps,
+            ns.seed,
+            ns.atol,
+            names,
+            ns.faults,
+            fault_names,
+            done,
+        )
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: write what finished, then end
+        signal_name = getattr(exc, "name", "SIGINT")
+        partial = _interrupted(done, signal_name, time.time() - started)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(partial, indent=1))
+        print(
+            f"soak: interrupted ({signal_name}) after {partial['replay_steps']} replay steps: "
+            f"INTERRUPTED -> {out}",
+            file=sys.stderr,
+        )
+        raise
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(

@@ -264,17 +264,20 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             bar = None
     result = core.BenchResult()
+    interrupted: BaseException | None = None
     try:
-        result.points = core.sweep(kinds, layers, batches, rounds, inner, bar)
+        core.sweep(kinds, layers, batches, rounds, inner, bar, points=result.points)
+        if not args.no_capture:
+            result.capture = core.capture_overhead(
+                28 if not args.quick else 8, core.CAPTURE_SIZES, 7 if args.quick else 21
+            )
+        if not args.no_startup:
+            result.startup = core.startup_cost(3 if args.quick else 7)
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: report what was measured
+        interrupted = exc
     finally:
         if bar is not None:
             bar.close()
-    if not args.no_capture:
-        result.capture = core.capture_overhead(
-            28 if not args.quick else 8, core.CAPTURE_SIZES, 7 if args.quick else 21
-        )
-    if not args.no_startup:
-        result.startup = core.startup_cost(3 if args.quick else 7)
     print(
         f"ascend-graph-patch bench: host update per replay step, simulator null-cost mode "
         f"({rounds} interleaved rounds x {inner} calls, median)"
@@ -283,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(result):
         print(line)
     projection = None
-    if args.project:
+    if args.project and interrupted is None:
         try:
             projection = projecting.project(result.points, costs)
         except ValueError as exc:
@@ -291,6 +294,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print()
             print(projecting.render(projection))
+    signal_name = None if interrupted is None else getattr(interrupted, "name", "SIGINT")
+    if signal_name is not None:
+        print(f"INTERRUPTED ({signal_name}): {len(result.points)} point(s) measured")
     if args.json_path:
         data = {
             "schema": SCHEMA,
@@ -315,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
                 "capture": core.TARGET_CAPTURE,
                 "startup_off_ms": core.TARGET_STARTUP_OFF_MS,
             },
-            "all_met": all_met(result),
+            "all_met": all_met(result) and signal_name is None,
+            "interrupted": signal_name,
             "rounds": rounds,
             "inner": inner,
         }
@@ -324,4 +331,6 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(data, indent=1))
         print(f"json: {args.json_path}")
+    if interrupted is not None:
+        raise interrupted  # the CLI ends with 128 + the signal's number
     return 1 if any(p.error for p in result.points) else 0

@@ -377,9 +377,12 @@ def sweep(
     rounds: int,
     inner: int,
     progress: Any = None,
+    points: list[Point] | None = None,
 ) -> list[Point]:
+    """Measure every point; appended to ``points`` (if given) as they finish, so that an
+    interrupted sweep still has what it measured."""
     _prepare()
-    points = []
+    points = [] if points is None else points
     for kind in kinds:
         for n_layers in layers:
             engine = None
