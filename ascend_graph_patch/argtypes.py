@@ -118,6 +118,15 @@ def _writable_ancestor(path: Path) -> None:
         raise argparse.ArgumentTypeError(f"cannot write into {quote(str(parent))}")
 
 
+def input_file(text: str) -> str:
+    """A file to read: it exists and is a regular file."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        why = "is a directory" if path.is_dir() else "no such file"
+        raise argparse.ArgumentTypeError(f"{why}: {quote(text)}")
+    return str(path)
+
+
 def output_dir(text: str) -> str:
     """A report folder: an existing writable directory, or one that can be created."""
     if not text.strip():

@@ -82,6 +82,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each point's instructions (valgrind's callgrind, the same points in "
+        "one more process): the instruction ratios decide the targets (overlay <= 1.15x floor, "
+        "capture <= 1.02x); without valgrind one line says so and the wall-clock figures decide",
+    )
+    parser.add_argument(
+        "--check",
+        type=argtypes.input_file,
+        default=None,
+        metavar="BASELINE",
+        help="with --instructions: exit 3 if any instruction ratio is more than 2%% worse than "
+        "BASELINE's (the repository's: simulator/torch_npu_sim/bench/baseline.json)",
+    )
+    parser.add_argument(
+        "--save-baseline",
+        type=argtypes.output_file,
+        default=None,
+        metavar="FILE",
+        help="with --instructions: write this run's instruction ratios as a baseline",
+    )
+    parser.add_argument(
         "--project",
         action="store_true",
         help="also print a PROJECTION (not a measurement) of the per-step host update time on an "
@@ -114,37 +136,34 @@ def _ratio(value: float | None, target: float | None) -> str:
 
 
 def table(points: list[Any]) -> str:
-    cols = [
-        "kind",
-        "layers",
-        "batch",
-        "tasks",
-        "stock us",
-        "overlay us",
-        "floor us",
-        "overlay/stock",
-        "overlay/floor",
-    ]
+    """The points; with instruction counts, their columns too, and the ratios that decide the
+    targets are the instruction ratios (the wall-clock ones beside them)."""
+    counted = any(p.overlay_ir is not None for p in points)
+    cols = ["kind", "layers", "batch", "tasks", "stock us", "overlay us", "floor us"]
+    if counted:
+        cols += ["stock kIr", "overlay kIr", "floor kIr", "wall o/s", "wall o/f"]
+    cols += ["overlay/stock", "overlay/floor"]
     body = []
     for p in points:
         if p.error:
-            body.append(
-                [p.kind, str(p.layers), str(p.batch), "-", "ERROR: " + p.error, "", "", "", ""]
-            )
+            row = [p.kind, str(p.layers), str(p.batch), "-", "ERROR: " + p.error]
+            body.append(row + [""] * (len(cols) - len(row)))
             continue
-        body.append(
-            [
-                p.kind,
-                str(p.layers),
-                str(p.batch),
-                str(p.tasks),
-                _fmt(p.stock_us, ".1f"),
-                _fmt(p.overlay_us, ".1f"),
-                _fmt(p.floor_us, ".1f"),
-                _ratio(p.vs_stock, p.target_vs_stock),
-                _ratio(p.vs_floor, p.target_vs_floor),
-            ]
-        )
+        row = [
+            p.kind,
+            str(p.layers),
+            str(p.batch),
+            str(p.tasks),
+            _fmt(p.stock_us, ".1f"),
+            _fmt(p.overlay_us, ".1f"),
+            _fmt(p.floor_us, ".1f"),
+        ]
+        if counted:
+            row += [_fmt(v if v is None else v / 1000, ".1f") for v in (p.stock_ir, p.overlay_ir)]
+            row += [_fmt(p.floor_ir if p.floor_ir is None else p.floor_ir / 1000, ".1f")]
+            row += [_fmt(p.wall_vs_stock, ".2f"), _fmt(p.wall_vs_floor, ".2f")]
+        row += [_ratio(p.vs_stock, p.target_vs_stock), _ratio(p.vs_floor, p.target_vs_floor)]
+        body.append(row)
     widths = [max(len(r[i]) for r in [cols, *body]) for i in range(len(cols))]
     lines = [
         "  ".join(
@@ -163,9 +182,12 @@ def summary_lines(result: Any) -> list[str]:
     out = []
     if ok:
         met = sum(p.met for p in result.points)
+        figure = ok[0].decided_by
+        floor = max((p.target_vs_floor or 0) for p in ok) or "-"
         out.append(
-            f"targets: met at {met}/{len(result.points)} points (overlay <= 1.0x stock everywhere; "
-            f"from {AMORTISED_FROM_LAYERS} layers up <= 0.5x stock and <= 1.3x floor)"
+            f"targets ({figure}): met at {met}/{len(result.points)} points (overlay <= 1.0x "
+            f"stock everywhere; from {AMORTISED_FROM_LAYERS} layers up <= 0.5x stock and <= "
+            f"{floor}x floor)"
         )
         worst_s = max(ok, key=lambda p: p.vs_stock or 0)
         out.append(
@@ -189,6 +211,13 @@ def summary_lines(result: Any) -> list[str]:
             f"{cap['overlay_ms']:.2f} ms, ratio "
             f"{cap['ratio']:.3f} (target <= {cap['target']}){mark}"
         )
+    counted = (cap or {}).get("instructions")
+    if counted:
+        out.append(
+            f"capture by instructions (deciding): stock {counted['stock'] / 1e6:.2f}M, overlay "
+            f"{counted['overlay'] / 1e6:.2f}M, ratio {counted['ratio']:.4f} (target <= "
+            f"{counted['target']}){_mark(counted['ratio'], counted['target'])}"
+        )
     st = result.startup
     if st:
         off, on = st.get("off_ms"), st.get("on_ms")
@@ -205,7 +234,8 @@ def all_met(result: Any) -> bool:
     if not result.points or not all(p.met for p in result.points):
         return False
     cap, st = result.capture, result.startup
-    if cap and (cap["ratio"] is None or cap["ratio"] > cap["target"]):
+    decided = (cap or {}).get("instructions") or cap  # instructions decide where counted
+    if decided and (decided["ratio"] is None or decided["ratio"] > decided["target"]):
         return False
     off = st.get("off_ms") if st else None
     return not (off is not None and off > st["target_off_ms"])
@@ -243,6 +273,26 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if (args.check or args.save_baseline) and not args.instructions:
+        print(
+            "ascend-graph-patch bench: error: --check and --save-baseline need --instructions",
+            file=sys.stderr,
+        )
+        return 2
+    counting = args.instructions
+    if counting:
+        from torch_npu_sim.bench import instructions
+
+        reason = instructions.unavailable()
+        if reason is not None:
+            print(
+                f"ascend-graph-patch bench: no instruction counts ({reason}); "
+                "the wall-clock figures decide",
+                file=sys.stderr,
+            )
+            if args.check or args.save_baseline:
+                return 2
+            counting = False
     os.environ.setdefault("TORCH_NPU_SIM", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout: keep the table
     layers = args.layers or (core.QUICK_LAYERS if args.quick else core.LAYERS)
@@ -273,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
             )
         if not args.no_startup:
             result.startup = core.startup_cost(3 if args.quick else 7)
+        if counting:
+            _count(result, kinds, layers, batches, not args.no_capture, args.quick)
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: report what was measured
         interrupted = exc
     finally:
@@ -303,8 +355,14 @@ def run(args: argparse.Namespace) -> int:
             "points": [
                 dict(
                     asdict(p),
+                    instructions=None
+                    if p.overlay_ir is None
+                    else {"stock": p.stock_ir, "overlay": p.overlay_ir, "floor": p.floor_ir},
                     vs_stock=p.vs_stock,
                     vs_floor=p.vs_floor,
+                    wall_vs_stock=p.wall_vs_stock,
+                    wall_vs_floor=p.wall_vs_floor,
+                    decided_by=p.decided_by,
                     target_vs_stock=p.target_vs_stock,
                     target_vs_floor=p.target_vs_floor,
                     met=p.met,
@@ -318,7 +376,9 @@ def run(args: argparse.Namespace) -> int:
                 "amortised_from_layers": core.AMORTISED_FROM_LAYERS,
                 "overlay_vs_stock": core.TARGET_VS_STOCK,
                 "overlay_vs_floor": core.TARGET_VS_FLOOR,
+                "overlay_vs_floor_instructions": core.TARGET_VS_FLOOR_INSTRUCTIONS,
                 "capture": core.TARGET_CAPTURE,
+                "capture_instructions": core.TARGET_CAPTURE_INSTRUCTIONS,
                 "startup_off_ms": core.TARGET_STARTUP_OFF_MS,
             },
             "all_met": all_met(result) and signal_name is None,
@@ -333,4 +393,71 @@ def run(args: argparse.Namespace) -> int:
         print(f"json: {args.json_path}")
     if interrupted is not None:
         raise interrupted  # the CLI ends with 128 + the signal's number
+    if counting and (args.save_baseline or args.check):
+        code = _baseline(result, args.save_baseline, args.check)
+        if code:
+            return code
     return 1 if any(p.error for p in result.points) else 0
+
+
+def _count(
+    result: Any, kinds: list[str], layers: Any, batches: Any, capture: bool, quick: bool
+) -> None:
+    """Count the same points' instructions under callgrind; attach them to ``result``."""
+    import shutil
+    import tempfile
+
+    from torch_npu_sim.bench import core, instructions
+
+    spec: dict[str, Any] = {"kinds": kinds, "layers": list(layers), "batches": list(batches)}
+    if capture:
+        spec["capture"] = {"layers": 8 if quick else 28, "sizes": list(core.CAPTURE_SIZES)}
+    print("bench: counting instructions under callgrind ...", file=sys.stderr)
+    work = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
+    try:
+        counted = instructions.run_counted(spec, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = {(r["kind"], r["layers"], r["batch"]): r for r in counted["points"]}
+    for point in result.points:
+        row = rows.get((point.kind, point.layers, point.batch)) or {}
+        if "overlay" in row:
+            point.stock_ir, point.overlay_ir, point.floor_ir = (
+                row["stock"],
+                row["overlay"],
+                row["floor"],
+            )
+        elif row.get("error") and not point.error:
+            point.error = "counted run: " + row["error"]
+    if counted["capture"] and result.capture:
+        result.capture["instructions"] = dict(
+            counted["capture"], target=core.TARGET_CAPTURE_INSTRUCTIONS
+        )
+
+
+def _baseline(result: Any, save: str | None, check: str | None) -> int:
+    """Write and/or check the instruction-ratio baseline: 3 on a regression, 2 on a bad file."""
+    import json
+
+    from torch_npu_sim.bench import baseline
+
+    if save:
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        Path(save).write_text(json.dumps(baseline.make(result.points, result.capture), indent=1))
+        print(f"baseline: written to {save}")
+    if check:
+        try:
+            base = baseline.load(check)
+        except (OSError, ValueError) as exc:
+            print(f"ascend-graph-patch bench: error: {exc}", file=sys.stderr)
+            return 2
+        worse, compared = baseline.check(result.points, result.capture, base)
+        if not compared:
+            print(f"check: no ratio of {check} was measured in this run", file=sys.stderr)
+            return 2
+        for line in worse:
+            print(f"check: WORSE {line}")
+        verdict = "FAILED" if worse else "ok"
+        print(f"check against {check}: {compared} ratios compared, {len(worse)} worse: {verdict}")
+        return 3 if worse else 0
+    return 0
