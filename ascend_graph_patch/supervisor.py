@@ -37,8 +37,9 @@ closes; the engine core itself watches nothing, it outlives a killed parent; on 
 shuts down (and terminates its workers). Hence the group, the guardian and the grace period.
 
 The API, small and stable (the served A/B starts ``vllm serve`` and its clients through it):
-:func:`start`, :func:`adopt`, :func:`stop`, :func:`stop_many`, :func:`stop_all`, :func:`supervise`,
-:func:`die_with_parent`, :class:`Interrupted`. Stdlib only: the CLI imports it on every start.
+:func:`start`, :func:`run`, :func:`adopt`, :func:`stop`, :func:`stop_many`, :func:`stop_all`,
+:func:`supervise`, :func:`die_with_parent`, :class:`Interrupted`. Stdlib only: the CLI imports it
+on every start.
 """
 
 from __future__ import annotations
@@ -325,6 +326,25 @@ def stop_all(grace: float | None = None) -> None:
     with _STATE.lock:
         groups = list(_STATE.groups)
     stop_many(groups, grace)
+
+
+def run(
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)``, supervised.
+
+    Why: a short helper process (a workload's ``--list``, the simulator's ``--serve-defaults``,
+    which builds a model on first use) started with plain ``subprocess.run`` outlives a command
+    killed with SIGKILL; started here it gets the parent-death signal and the guardian like any
+    other child, and its group is stopped however the call ends (timeout, signal, exception)."""
+    proc = start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc)  # quick once it has exited; clears what it left in its group
+    return subprocess.CompletedProcess(
+        list(cmd), proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )
 
 
 def children() -> list[int]:

@@ -35,6 +35,14 @@ COMMAND = textwrap.dedent(
     def main(how):
         try:
             with supervisor.supervise():
+                if how in ("run", "plainrun"):  # a short helper that blocks the command
+                    print("ready", flush=True)
+                    cmd = [sys.executable, "-c", FAMILY]
+                    if how == "run":
+                        supervisor.run(cmd, timeout=300)
+                    else:  # as ab's --list and --serve-defaults helpers ran before
+                        subprocess.run(cmd, capture_output=True, timeout=300)
+                    return 0
                 code = STUBBORN if "stubborn" in how else FAMILY
                 if how == "plain":  # the orchestrator before: a session of its own, no more
                     subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
@@ -128,6 +136,34 @@ def test_sigkill_of_the_command_ends_every_process_it_started(commands) -> None:
     assert wait_gone(supervised.mark) == {}
     left = wait_gone(plain.mark, deadline=2.0)
     assert len(left) == 2, left  # the negative control: both outlive their command
+
+
+def test_a_helper_run_to_completion_is_supervised_too(commands) -> None:
+    """``supervisor.run`` (ab's ``--list`` and ``--serve-defaults`` helpers): SIGKILL of the
+    command stops the helper and its grandchild. Negative control: ``subprocess.run``, as
+    before, leaves both running."""
+    supervised, plain = commands("run"), commands("plainrun")
+    supervised.ready(processes=3)  # helper, its grandchild, guardian
+    plain.ready(processes=2)
+    assert supervised.end(signal.SIGKILL) == -signal.SIGKILL
+    assert plain.end(signal.SIGKILL) == -signal.SIGKILL
+    assert wait_gone(supervised.mark) == {}
+    left = wait_gone(plain.mark, deadline=2.0)
+    assert len(left) == 2, left
+
+
+def test_a_signal_during_a_helper_stops_it_and_exits_143(commands) -> None:
+    cmd = commands("run", grace=1.0)
+    cmd.ready(processes=3)
+    assert cmd.end(signal.SIGTERM) == 143, cmd.output
+    assert "interrupted SIGTERM" in cmd.output
+    assert wait_gone(cmd.mark, deadline=10.0) == {}
+
+
+def test_run_returns_the_output_and_status_like_subprocess_run() -> None:
+    done = supervisor.run([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"])
+    assert (done.returncode, done.stdout.strip()) == (3, "out")
+    assert supervisor.children() == []
 
 
 @pytest.mark.parametrize(

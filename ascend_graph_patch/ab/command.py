@@ -151,8 +151,7 @@ def catalogue(workload: str = "sim") -> dict[str, dict]:
 
     The worker runs in a subprocess (``--list``): the overlay never imports a workload package.
     """
-    import subprocess
-
+    from ascend_graph_patch import supervisor
     from ascend_graph_patch.ab.orchestrate import worker_module
 
     module = worker_module(workload)
@@ -161,10 +160,8 @@ def catalogue(workload: str = "sim") -> dict[str, dict]:
             f"no {workload!r} workload is installed (the simulator's is in torch-npu-sim); "
             "on an Ascend host pass --model"
         )
-    proc = subprocess.run(
+    proc = supervisor.run(  # supervised: it must not outlive a killed command either
         [sys.executable, "-m", module, "--list"],
-        capture_output=True,
-        text=True,
         timeout=120,
         env={**os.environ, "TORCH_NPU_SIM": "1"},
     )

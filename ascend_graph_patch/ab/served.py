@@ -22,12 +22,11 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch import argtypes
+from ascend_graph_patch import argtypes, supervisor
 
 #: The load of a served A/B on an Ascend host (the simulator gives its own, smaller one).
 DEFAULT_LOAD = {"num_prompts": 32, "input_len": 64, "output_len": 64, "max_concurrency": 8}
@@ -138,10 +137,8 @@ def simulator_defaults() -> dict[str, Any]:
             "--serve without --model needs the simulator (torch-npu-sim); on an Ascend host "
             "pass --model"
         )
-    proc = subprocess.run(
+    proc = supervisor.run(  # supervised: building the model must not outlive a killed command
         [sys.executable, "-m", module, "--serve-defaults"],
-        capture_output=True,
-        text=True,
         timeout=600,
         env={**os.environ, "TORCH_NPU_SIM": "1"},
     )
