@@ -120,6 +120,8 @@ def _debug() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    from ascend_graph_patch import supervisor  # stdlib only; also names an interruption below
+
     args_in = list(sys.argv[1:] if argv is None else argv)
     try:
         table = subcommands()
@@ -138,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         if run is None:
             parser.print_help(sys.stderr)
             return 2
-        from ascend_graph_patch import supervisor
-
         # SIGTERM, SIGINT and SIGHUP end the command like Ctrl-C; every process it started
         # stops with it, also if it is killed outright (supervisor's guardian).
         with supervisor.supervise():
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help / --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt as exc:  # supervisor.Interrupted: 128 + the signal's number
-        name = getattr(exc, "name", "SIGINT")
+        name, code = supervisor.interruption(exc)
         print(f"{PROG}: interrupted ({name})", file=sys.stderr)
-        return int(getattr(exc, "exit_code", 130))
+        return code
     except Exception as exc:
         if _debug():
             import traceback

@@ -87,6 +87,14 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
+def interruption(exc: BaseException) -> tuple[str, int]:
+    """(signal name, exit status) of an interruption: an :class:`Interrupted`'s, else Ctrl-C's
+    (a plain ``KeyboardInterrupt``, raised where no :func:`supervise` handler ran)."""
+    if isinstance(exc, Interrupted):
+        return exc.name, exc.exit_code
+    return "SIGINT", 128 + signal.SIGINT
+
+
 class _State:
     """This process's children and its guardian (one per process: a forked child starts empty)."""
 

@@ -26,7 +26,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -266,9 +265,8 @@ class ArmsInterrupted(KeyboardInterrupt):
 
     def __init__(self, runs: list[ArmRun], cause: BaseException) -> None:
         self.runs = runs
-        self.signal = getattr(cause, "name", "SIGINT")
-        #: The shell's convention: 128 + the signal's number (130 for Ctrl-C).
-        self.exit_code = int(getattr(cause, "exit_code", 128 + signal.SIGINT))
+        #: The signal's name, and the shell's exit status: 128 + its number (130 for Ctrl-C).
+        self.signal, self.exit_code = supervisor.interruption(cause)
         super().__init__(self.signal)
 
 
@@ -479,7 +477,7 @@ def run_ab(cfg: ABConfig, env: dict[str, str] | None = None) -> list[ArmRun]:
         for entry in running:
             entry.run.seconds = time.monotonic() - entry.started
             entry.run.status = "interrupted"
-            entry.run.error = f"interrupted ({getattr(exc, 'name', 'SIGINT')}): arm stopped"
+            entry.run.error = f"interrupted ({supervisor.interruption(exc)[0]}): arm stopped"
         for run in pending:
             run.status, run.error = "not run", "interrupted before it started"
         raise ArmsInterrupted(runs, exc) from exc

@@ -423,7 +423,9 @@ def run_command(ns: argparse.Namespace) -> int:
             done,
         )
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: write what finished, then end
-        signal_name = getattr(exc, "name", "SIGINT")
+        from ascend_graph_patch import supervisor
+
+        signal_name = supervisor.interruption(exc)[0]
         partial = _interrupted(done, signal_name, time.time() - started)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(partial, indent=1))

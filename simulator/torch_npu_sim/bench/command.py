@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch import argtypes
+from ascend_graph_patch import argtypes, supervisor
 
 #: The JSON layout (docs/bench.md, "JSON"): 2 added the per-point targets, ``met``, ``all_met``,
 #: ``schema`` and the optional ``projection``; every key of 1 is kept with its meaning.
@@ -159,8 +159,8 @@ def table(points: list[Any]) -> str:
             _fmt(p.floor_us, ".1f"),
         ]
         if counted:
-            row += [_fmt(v if v is None else v / 1000, ".1f") for v in (p.stock_ir, p.overlay_ir)]
-            row += [_fmt(p.floor_ir if p.floor_ir is None else p.floor_ir / 1000, ".1f")]
+            irs = (p.stock_ir, p.overlay_ir, p.floor_ir)
+            row += [_fmt(None if v is None else v / 1000, ".1f") for v in irs]
             row += [_fmt(p.wall_vs_stock, ".2f"), _fmt(p.wall_vs_floor, ".2f")]
         row += [_ratio(p.vs_stock, p.target_vs_stock), _ratio(p.vs_floor, p.target_vs_floor)]
         body.append(row)
@@ -346,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print()
             print(projecting.render(projection))
-    signal_name = None if interrupted is None else getattr(interrupted, "name", "SIGINT")
+    signal_name = None if interrupted is None else supervisor.interruption(interrupted)[0]
     if signal_name is not None:
         print(f"INTERRUPTED ({signal_name}): {len(result.points)} point(s) measured")
     if args.json_path:
