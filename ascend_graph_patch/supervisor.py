@@ -19,7 +19,13 @@ Three lines of defence, one per way the command can end:
    enters it) turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted` in the main thread (a
    ``KeyboardInterrupt``, exit status 128 + the signal's number by the shell's convention); on
    leaving, by any exception or none, it stops every child still registered. A second signal
-   while it stops them cuts the grace period short.
+   while it stops them cuts the grace period short. An interruption is *sticky*: code can lose
+   the exception (a cleanup that raises its own error in its place, which an ``except
+   Exception`` then takes for an ordinary failure: seen when SIGTERM lands in a graph capture),
+   so until the command acknowledges it (:func:`interruption`, called where it reports it) or
+   leaves :func:`supervise`, it is raised again every :data:`REDELIVER` seconds, with one line
+   on stderr saying so; lost :data:`REDELIVERIES` more times, the children are stopped and the
+   process ends with 128 + the signal's number.
 2. **The command killed outright (SIGKILL).** No code of the command runs then. The *guardian*,
    a small process started with the first child (this file run as a script, stdlib only), reads
    a pipe whose write end only the command holds, and learns each group registered; at EOF, the
@@ -60,6 +66,10 @@ GRACE = 5.0
 KILL_WAIT = 5.0
 #: The signals that end a command politely (handled by :func:`supervise`).
 SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Seconds after which an interruption the command has not acknowledged is raised again.
+REDELIVER = 3.0
+#: Times an interruption is raised again before the process is ended outright.
+REDELIVERIES = 2
 _POLL = 0.05
 _PR_SET_PDEATHSIG = 1
 
@@ -89,7 +99,11 @@ class Interrupted(KeyboardInterrupt):
 
 def interruption(exc: BaseException) -> tuple[str, int]:
     """(signal name, exit status) of an interruption: an :class:`Interrupted`'s, else Ctrl-C's
-    (a plain ``KeyboardInterrupt``, raised where no :func:`supervise` handler ran)."""
+    (a plain ``KeyboardInterrupt``, raised where no :func:`supervise` handler ran).
+
+    Calling it acknowledges the interruption: the caller is handling it (reporting what
+    finished), so it is not raised again."""
+    _STATE.unacknowledged = None
     if isinstance(exc, Interrupted):
         return exc.name, exc.exit_code
     return "SIGINT", 128 + signal.SIGINT
@@ -110,6 +124,11 @@ class _State:
         self.pending: int | None = None
         #: a second signal: stop without the grace period
         self.hurry = False
+        #: the signal of an interruption raised and not yet acknowledged (see REDELIVER)
+        self.unacknowledged: int | None = None
+        self.redelivering = False
+        #: inside a stop's grace period: an interruption is not raised again meanwhile
+        self.stopping = 0
 
 
 _STATE = _State()
@@ -373,6 +392,16 @@ def _reap(pgid: int, proc: subprocess.Popen[Any] | None) -> None:
 
 
 def _stop_groups(pgids: set[int], grace: float | None) -> None:
+    with _STATE.lock:
+        _STATE.stopping += 1
+    try:
+        _stop_live_groups(pgids, grace)
+    finally:
+        with _STATE.lock:
+            _STATE.stopping -= 1
+
+
+def _stop_live_groups(pgids: set[int], grace: float | None) -> None:
     live = _live_groups(pgids)
     if not live:
         return
@@ -461,8 +490,10 @@ def _in_main_thread() -> bool:
 @contextmanager
 def supervise(signals: Sequence[int] = SIGNALS) -> Iterator[None]:
     """For a command's lifetime: ``signals`` raise :class:`Interrupted` in the main thread (the
-    first one; a later one only cuts the grace period short, so the clean-up and the report of
-    an interrupted run are not themselves interrupted); on leaving, by any exception or none,
+    first one, raised again until acknowledged, see :data:`REDELIVER`; a later one while
+    children are being stopped or after the acknowledgement only cuts the grace period short,
+    so the clean-up and the report of an interrupted run are not themselves interrupted); on
+    leaving, by any exception or none,
     every supervised child is stopped. The previous handlers are put back. Off the main thread
     (no signal handlers there) it only stops the children on leaving."""
     previous: dict[int, Any] = {}
@@ -470,9 +501,20 @@ def supervise(signals: Sequence[int] = SIGNALS) -> Iterator[None]:
 
     def handler(signum: int, frame: Any) -> None:
         if fired:
-            _STATE.hurry = True
-            return
+            if _STATE.redelivering:  # the watchdog's, not the user's second signal
+                _STATE.redelivering = False
+            else:
+                _STATE.hurry = True
+            again = _STATE.unacknowledged
+            if again is None or fired[-1] == 0 or _STATE.stopping:
+                return  # handled, or children being stopped: only the grace period is cut
+            if _STATE.critical:
+                _STATE.pending = again
+                return
+            raise Interrupted(again)
         fired.append(signum)
+        _STATE.unacknowledged = signum
+        threading.Thread(target=_redeliver, args=(signum,), daemon=True).start()
         if _STATE.critical:
             _STATE.pending = signum
             return
@@ -492,6 +534,46 @@ def supervise(signals: Sequence[int] = SIGNALS) -> Iterator[None]:
                 signal.signal(sig, old)
             _STATE.hurry = False
             _STATE.pending = None
+            _STATE.unacknowledged = None
+
+
+def _redeliver(signum: int) -> None:
+    """Watchdog thread of one interruption: while the command has not acknowledged it, raise it
+    again in the main thread every :data:`REDELIVER` seconds (not during a stop's grace period
+    or while a child is being started: those finish first); after :data:`REDELIVERIES` that
+    were lost too, stop the children and end the process (never a command that runs on after
+    it was told to stop)."""
+    state = _STATE
+    name = Interrupted(signum).name
+    attempts = 0
+    while True:
+        time.sleep(REDELIVER)
+        if state is not _STATE or state.unacknowledged != signum:
+            return  # acknowledged, the command left supervise(), or this is a forked child
+        if state.stopping or state.critical:
+            continue
+        if attempts >= REDELIVERIES:
+            _say(f"{name} lost {attempts + 1} times; stopping its children and ending the command")
+            try:
+                stop_all()
+            finally:
+                os._exit(128 + signum)
+        attempts += 1
+        _say(
+            f"{name} not handled {REDELIVER:g} s after it came (the code it interrupted may have "
+            "lost the exception in its clean-up); interrupting again"
+        )
+        state.redelivering = True
+        # a real signal to the main thread: it also breaks a blocking call, as the first did
+        signal.pthread_kill(threading.main_thread().ident or 0, signum)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stdout.flush()
+        print(f"ascend-graph-patch: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:

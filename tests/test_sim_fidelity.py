@@ -64,6 +64,31 @@ def test_capture_must_end_on_the_stream_it_began_on(rt: Any) -> None:
     g2.replay()
 
 
+def test_a_capture_body_interrupted_in_a_task_group_raises_its_own_exception(
+    rt: Any, toy: Any
+) -> None:
+    """SIGTERM (a KeyboardInterrupt) between a task group's begin and end: the interruption
+    propagates, not the complaint about the open group that capture_end makes (the ``except
+    Exception`` of a caller would take that for an ordinary failure and run on), and the next
+    capture works. Without a failing body, ending inside an open group is still an error."""
+    x, out = torch.ones(2), torch.empty(2)
+    g = rt.NPUGraph()
+    with pytest.raises(KeyboardInterrupt), rt.graph(g):
+        rt.graph_task_group_begin(rt.current_stream())
+        toy(x, scale=2.0, out=out)
+        raise KeyboardInterrupt
+    assert not rt.is_current_stream_capturing()
+    g2 = rt.NPUGraph()
+    with rt.graph(g2):
+        rt.graph_task_group_begin(rt.current_stream())
+        toy(x, scale=2.0, out=out)
+        rt.graph_task_group_end(rt.current_stream())
+    g2.replay()
+    g3 = rt.NPUGraph()
+    with pytest.raises(SimulatorError, match="inside an open graph task group"), rt.graph(g3):
+        rt.graph_task_group_begin(rt.current_stream())
+
+
 def test_graph_update_needs_auto_dispatch_capture_as_in_torch_npu(rt: Any) -> None:
     g = rt.NPUGraph()
     with rt.graph(g):

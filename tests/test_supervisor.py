@@ -27,14 +27,46 @@ COMMAND = textwrap.dedent(
     from ascend_graph_patch import supervisor
 
     supervisor.GRACE = float(os.environ.get("TEST_GRACE", "5"))
+    supervisor.REDELIVER = float(os.environ.get("TEST_REDELIVER", "3"))
     # a child and its grandchild in its group: a worker and the engine core vLLM forks for it
     FAMILY = "import os, time\\nos.fork()\\ntime.sleep(300)"
     STUBBORN = "import signal\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" + FAMILY
 
 
+    # a step whose clean-up raises an error of its own when interrupted: the interruption is
+    # lost to the caller's except Exception (as in a graph capture cut short)
+    def capture(seconds):
+        try:
+            time.sleep(seconds)
+        finally:
+            if sys.exc_info()[0] is not None:
+                raise RuntimeError("capture_end: a task group was left open")
+
+
     def main(how):
         try:
             with supervisor.supervise():
+                if how in ("swallow", "swallow always"):  # any Exception: a failed step
+                    supervisor.start([sys.executable, "-c", FAMILY])
+                    print("ready", flush=True)
+                    seconds = 300  # the first step: the one the signal interrupts
+                    while True:
+                        try:
+                            capture(seconds)
+                        except Exception as exc:
+                            print(f"step failed: {exc}", flush=True)
+                        if how == "swallow":
+                            seconds = 0
+                            time.sleep(0.2)
+                if how == "acknowledge":  # reports what finished, slowly, after the signal
+                    print("ready", flush=True)
+                    try:
+                        time.sleep(300)
+                    except KeyboardInterrupt as exc:
+                        name = supervisor.interruption(exc)[0]
+                        time.sleep(2.5)
+                        print(f"report written ({name})", flush=True)
+                        return 3
                 if how in ("run", "plainrun"):  # a short helper that blocks the command
                     print("ready", flush=True)
                     cmd = [sys.executable, "-c", FAMILY]
@@ -77,12 +109,15 @@ class Command:
     """One run of ``COMMAND`` with its own marker; its output goes to a file (the children would
     hold a pipe open: a killed command's output would never end)."""
 
-    def __init__(self, tmp_path: Path, how: str, grace: float = 5.0) -> None:
+    def __init__(
+        self, tmp_path: Path, how: str, grace: float = 5.0, redeliver: float = 3.0
+    ) -> None:
         script = tmp_path / "command.py"
         script.write_text(COMMAND)
         self.mark = new_mark()
         self.log = tmp_path / "output"
         env = {**os.environ, MARK: self.mark, "TEST_GRACE": str(grace)}
+        env["TEST_REDELIVER"] = str(redeliver)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(script), how], env=env, stdout=log, stderr=log
@@ -110,10 +145,10 @@ class Command:
 def commands(tmp_path: Path):
     made: list[Command] = []
 
-    def make(how: str, grace: float = 5.0) -> Command:
+    def make(how: str, grace: float = 5.0, redeliver: float = 3.0) -> Command:
         sub = tmp_path / f"c{len(made)}"
         sub.mkdir()
-        made.append(Command(sub, how, grace))
+        made.append(Command(sub, how, grace, redeliver))
         return made[-1]
 
     yield make
@@ -177,6 +212,48 @@ def test_a_signal_stops_the_children_and_exits_by_the_shells_convention(
     assert cmd.end(signum) == code, cmd.output
     assert f"interrupted {signal.Signals(signum).name}" in cmd.output
     assert wait_gone(cmd.mark) == {}
+
+
+def test_an_interruption_lost_in_a_cleanup_is_raised_again(commands) -> None:
+    """SIGTERM during a step whose clean-up raises its own error (an ``except Exception``
+    loop then goes on, as the soak did when SIGTERM landed in a graph capture): the command
+    still ends with 143, by the interruption raised again, says so, and stops its children.
+    Negative control: with the re-raise put off, the same command runs on after the signal."""
+    cmd, control = commands("swallow", redeliver=1.0), commands("swallow", redeliver=1e6)
+    for c in (cmd, control):
+        c.ready(processes=2)
+        c.proc.send_signal(signal.SIGTERM)
+    assert cmd.proc.wait(timeout=30) == 143, cmd.output
+    assert "step failed: capture_end" in cmd.output, cmd.output  # the first one was lost
+    assert "SIGTERM not handled 1 s after it came" in cmd.output
+    assert "interrupted SIGTERM" in cmd.output
+    assert wait_gone(cmd.mark) == {}
+    with pytest.raises(subprocess.TimeoutExpired):
+        control.proc.wait(timeout=4)
+    assert "step failed: capture_end" in control.output
+    assert len(marked(control.mark)) == 4  # the command, its guardian, its two children
+
+
+def test_an_interruption_lost_every_time_ends_the_process(commands) -> None:
+    """Code that loses the interruption however often it is raised: after the re-raises, the
+    children are stopped and the process ends with 143 (no hang, nothing left running)."""
+    cmd = commands("swallow always", redeliver=0.5)
+    cmd.ready(processes=2)
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.proc.wait(timeout=30) == 143, cmd.output
+    assert cmd.output.count("step failed: capture_end") == 3, cmd.output
+    assert "SIGTERM lost 3 times; stopping its children and ending" in cmd.output
+    assert wait_gone(cmd.mark) == {}
+
+
+def test_an_acknowledged_interruption_is_not_raised_again(commands) -> None:
+    """The command took the interruption (``supervisor.interruption``) and reports slowly: its
+    report is not cut short, and it ends with its own status."""
+    cmd = commands("acknowledge", redeliver=0.5)
+    cmd.ready(processes=0)
+    assert cmd.end(signal.SIGTERM) == 3, cmd.output
+    assert "report written (SIGTERM)" in cmd.output
+    assert "not handled" not in cmd.output
 
 
 def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(commands) -> None:

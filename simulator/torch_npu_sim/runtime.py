@@ -744,6 +744,24 @@ class NPUGraph:
         _S.counters["captures"] += 1
 
     @_locked
+    def abandon_capture(self) -> None:
+        """End a capture whose body raised: no graph, nothing left open (a task group the body
+        began is dropped). The body's exception is the one that propagates: capture_end's
+        complaint about the open group would replace it (a SIGTERM that lands between a task
+        group's begin and end would become an ordinary error, and a capture would stay open
+        for the rest of the process)."""
+        if _S.capturing is not self:
+            return
+        _S.group = None
+        mode, _S.capture_mode, _S.capturing = _S.capture_mode, None, None
+        mode.__exit__(None, None, None)
+        self._tasks.clear()
+        self._reserved.clear()
+        for gid in self._groups:
+            _HANDLES.pop(gid, None)
+        self._groups.clear()
+
+    @_locked
     def replay(self) -> None:
         """Queue the tasks on the current stream; run them up to the first unrecorded gate."""
         if _S.capturing is not None:
@@ -846,7 +864,10 @@ class graph:  # noqa: N801 - torch API name
     def __exit__(self, *exc: Any) -> None:
         try:
             if _S.capturing is self.npu_graph:
-                self.npu_graph.capture_end()
+                if exc[0] is not None:  # the body failed (or was interrupted): no graph
+                    self.npu_graph.abandon_capture()
+                else:
+                    self.npu_graph.capture_end()
         finally:
             _S.current_stream = self._previous
 
