@@ -226,14 +226,18 @@ def test_a_failing_workspace_getter_is_a_runtime_fault(runtime):
 def test_a_provider_returns_exactly_the_keys_its_tasks_leave_out_of_their_static_arguments(
     kind, role
 ):
-    """Each update writes ``values`` over the task's launch arguments: a key listed in
-    ``value_keys`` but not returned would relaunch its captured (stale) value, one returned but
-    not listed would be counted static (verify and the benchmark's floor read ``static``)."""
+    """Each update writes ``values`` (and the steady value, the graph's workspace, when it
+    changes) over the task's launch arguments: a key listed in ``value_keys`` but neither
+    returned nor steady would relaunch its captured (stale) value, one returned but not listed
+    would be counted static (verify and the benchmark's floor read ``static``)."""
     template = {**pa_template(), "sparse_mode": 3, "context_lens": [1], "workspace": None}
     runtime_ns = SimpleNamespace(_npu_paged_attention_get_workspace=lambda **kw: "pa-ws")
     p = provider(kind, role, runtime=runtime_ns, template=template)
     values = p.values(metadata([4], [1, 2, 3, 4]))
-    assert set(values) == set(p.value_keys)
+    steady = {} if p.steady is None else {p.steady[0]: p.steady[1]()}
+    assert not set(values) & set(steady)
+    assert set(values) | set(steady) == set(p.value_keys)
+    values = {**values, **steady}
     task = UpdateTask(
         kind=kind, metadata_key="l0", step=0, layer_name="l0", handle=0, event=None,
         op=lambda **kw: kw, template=template, provider=p,
@@ -387,8 +391,12 @@ def test_kv_sharing_layers_share_a_metadata_key_but_are_distinct_tasks(runtime):
 
 
 def bound(provider, md, launch=None):
+    """What a step writes over a task's launch arguments: its values and its steady value."""
     launch = {} if launch is None else launch
     launch.update(provider.values(md))
+    if provider.steady is not None:
+        key, read = provider.steady
+        launch[key] = read()
     return launch
 
 
@@ -422,8 +430,9 @@ def test_a_causal_draft_step_after_a_non_causal_one_restores_the_captured_mode()
 
 
 def test_tasks_of_one_kv_group_share_one_computation_of_their_values(runtime):
-    """The layers of a KV-cache group read one metadata object: the fresh values (and the
-    graph's workspace) are computed once for all of them, each task relaunches with its own dict."""
+    """The layers of a KV-cache group read one metadata object: the fresh values are computed
+    once for all of them (the graph's workspace once per step), each task relaunches with its
+    own dict."""
     reads = []
     getter = lambda: reads.append(1) or "ws"  # noqa: E731
     graph = OwnedGraph(role="target", descriptor=4)
@@ -437,11 +446,50 @@ def test_tasks_of_one_kv_group_share_one_computation_of_their_values(runtime):
     other_md = metadata([4], [2])
     md = {"l0": shared_md, "l1": shared_md, "l2": other_md, "l3": shared_md, "l4": other_md}
     graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
-    assert len(reads) == 2  # one per distinct metadata object
+    assert len(reads) == 1  # the graph's, as stock reads it (stock: once per task)
+    assert all(launched[i][0]["workspace"] == "ws" for i in range(5))
     kvs = [launched[i][0]["actual_seq_kvlen"] for i in range(5)]
     assert kvs == [[1], [1], [2], [1], [2]]
     launches = [launched[i][0] for i in range(5)]
     assert len({id(launch) for launch in launches}) == 5
+
+
+class WriteLog(dict):
+    """A template that logs the keys written one by one (``|=`` merges bypass ``__setitem__``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.writes = []
+
+    def __setitem__(self, key, value):
+        self.writes.append(key)
+        super().__setitem__(key, value)
+
+
+@pytest.mark.parametrize("sharing", ["one", "each"])
+def test_the_steady_workspace_is_written_when_it_changes_and_every_task_relaunches_it(
+    runtime, sharing
+):
+    """The graph's workspace is read every step (as stock reads it) but written into the
+    templates only when it is a new object; every relaunch passes the current one, also when
+    the layers read distinct metadata objects (the paired path)."""
+    workspaces = iter(["ws1", "ws1", "ws2", "ws2"])
+    p = provider(FIA_V2, workspace=lambda: next(workspaces))
+    graph = OwnedGraph(role="target", descriptor=4)
+    launched = {}
+    for i in range(3):
+        task, launched[i] = make_task(runtime, f"l{i}", f"l{i}", provider=p)
+        task.template = WriteLog(task.template)
+        graph.add(task)
+    for step in range(4):
+        one = metadata([4], [step + 1])
+        md = {f"l{i}": one if sharing == "one" else metadata([4], [step + 1]) for i in range(3)}
+        graph.apply(graph.resolve(TargetSource(md)), "upd", runtime)
+    expected = ["ws1", "ws1", "ws2", "ws2"]
+    for i in range(3):
+        assert [kw["workspace"] for kw in launched[i]] == expected
+        assert [kw["actual_seq_kvlen"] for kw in launched[i]] == [[1], [2], [3], [4]]
+        assert graph.tasks[i].template.writes == ["workspace", "workspace"]  # steps 0 and 2
 
 
 def test_a_graph_without_a_captured_workspace_binds_none(runtime):
@@ -550,3 +598,25 @@ def test_dropped_graphs_leave_the_registry():
     gc.collect()
     assert registry.live_owners("target", 4) == 1
     assert registry.graphs() == [new[1]]
+
+
+def test_the_last_lookup_shortcut_never_outlives_a_registration_or_a_dropped_graph():
+    """A lookup repeated with the same descriptor object takes a shortcut: a newer engine's
+    registration, a refusal and a dropped graph must each still change the answer."""
+    import gc
+    from dataclasses import make_dataclass
+
+    registry = GraphRegistry()
+    descriptor = make_dataclass("BatchDescriptor", ["num_tokens"], frozen=True)(4)
+    old_owner, new_owner = Owner(), Owner()
+    old = registered(registry, old_owner, descriptor)
+    assert registry.lookup("target", descriptor) is old[1]
+    assert registry.lookup("target", descriptor) is old[1]  # the shortcut
+    new_graph, new_owned = registered(registry, new_owner, descriptor)
+    assert registry.lookup("target", descriptor) is new_owned  # registration forgot it
+    assert registry.lookup("target", descriptor, old_owner) is old[1]
+    del new_graph
+    gc.collect()
+    assert registry.lookup("target", descriptor) is old[1]  # the newest is gone: the older
+    registry.refuse(old_owner, "target", descriptor, "refused")
+    assert registry.lookup("target", descriptor, old_owner) is None

@@ -10,7 +10,9 @@ A task relaunches with one keyword dict, its ``template``: the captured argument
 values its provider computes per step written over the keys they rebind just before the call
 (``template |= values; op(**template)``: the bare call plus a few key writes, where a merge into a
 fresh dict would copy every argument). The layers of a KV-cache group share one values dict: the
-step computes it once.
+step computes it once. A steady value (the graph's captured workspace, read from the graph as
+stock reads it, not from the metadata) is read once per step and written into the templates
+only when it changes: a key write per task saved on every step.
 
 What a failure means decides what the step does (the caller acts on it; see ``aspects/replay``):
 
@@ -32,8 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_, itemgetter
+from operator import itemgetter
 from typing import Any, Protocol
 
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
@@ -84,7 +85,11 @@ class Provider(Protocol):
 
     kind: str
     group: int  # providers configured alike share a group: their values are computed once
-    value_keys: tuple[str, ...]  # the relaunch keywords ``values`` returns
+    value_keys: tuple[str, ...]  # the relaunch keywords rebound per step (``values`` + steady)
+    #: (relaunch keyword, getter) of a value read from the graph, not the metadata (the
+    #: graph's captured workspace), or None: the graph reads it once per step per bucket and
+    #: writes it into the templates only when it changes (``values`` leaves it out)
+    steady: tuple[str, Callable[[], Any]] | None
 
     def values(self, metadata: Any) -> dict[str, Any]: ...
 
@@ -120,10 +125,10 @@ class UpdateTask:
 
     ``template`` holds the relaunch's keyword arguments as captured (the weak-referenced tensors
     and scalars, as the stock registry holds them) and is the dict the relaunch passes: every
-    update writes the provider's fresh values over the keys it rebinds (``provider.value_keys``),
-    so it holds the last step's values until the next one replaces them (the device reads host
-    lists asynchronously on hardware). Whatever else reads it reads the other keys (``static``)
-    or overrides these.
+    update writes the provider's fresh values over the keys it rebinds (``provider.value_keys``;
+    its steady value, when it changes), so it holds the last step's values until the next one
+    replaces them (the device reads host lists asynchronously on hardware). Whatever else reads
+    it reads the other keys (``static``) or overrides these.
     """
 
     kind: str
@@ -193,7 +198,10 @@ class _Bucket:
     provider: Provider  # the first task's (the group's configuration)
     label: str  # the first task's
     single: bool  # one task: ``fetch`` returns its metadata object, not a tuple
+    steady: tuple[str, Callable[[], Any]] | None  # the provider's steady value, if any
     calls: list[tuple] | None = None  # its tasks' calls, when every bucket's tasks are contiguous
+    #: the steady value every template of the bucket holds (``_UNSET``: not written yet)
+    written: Any = None
 
 
 @dataclass(eq=False)
@@ -252,6 +260,8 @@ class OwnedGraph:
                 first.provider,
                 first.label,
                 len(keys) == 1,
+                getattr(first.provider, "steady", None),
+                written=_UNSET,
             )
             self._buckets.append(bucket)
         if all(b.span is not None for b in self._buckets):  # then they tile the tasks in order
@@ -276,6 +286,8 @@ class OwnedGraph:
         buckets = self._buckets or self._prepare()
         if len(buckets) == 1:  # every task alike (a dense model): the common step, kept short
             bucket = buckets[0]
+            if bucket.steady is not None:
+                self._steady(bucket)
             try:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
@@ -292,6 +304,8 @@ class OwnedGraph:
         values: list = [None] * len(self.tasks)
         runs: list | None = [] if buckets[0].calls is not None else None
         for bucket in buckets:
+            if bucket.steady is not None:
+                self._steady(bucket)
             try:
                 fetched = bucket.fetch(attn_metadata)
             except (KeyError, TypeError, IndexError) as exc:
@@ -308,6 +322,8 @@ class OwnedGraph:
         values: list = [None] * len(self.tasks)
         runs: list | None = [] if buckets[0].calls is not None else None
         for bucket in buckets:
+            if bucket.steady is not None:
+                self._steady(bucket)
             try:
                 fetched = bucket.fetch(per_step[bucket.step])
             except (KeyError, TypeError, IndexError) as exc:
@@ -316,6 +332,21 @@ class OwnedGraph:
         if runs is not None:
             self._runs = (values, runs)
         return values
+
+    def _steady(self, bucket: _Bucket) -> None:
+        """Read the bucket's steady value (once per step, as stock reads it per task) and, when
+        it is not the one its templates hold, write it into every one of them. A value that
+        never changes costs one read per bucket, not a key write per task."""
+        key, read = bucket.steady  # type: ignore[misc]
+        try:
+            value = read()
+        except Exception as exc:  # a bug of ours: stock, reading the same graph, is fine
+            raise ResolutionError(f"{bucket.label}: reading {key} failed: {exc!r}") from exc
+        if value is not bucket.written:
+            tasks = self.tasks
+            for i in bucket.indices:
+                tasks[i].template[key] = value
+            bucket.written = value
 
     def _write(
         self, bucket: _Bucket, fetched: Any, cache: dict | None, out: list, runs: list | None
@@ -469,15 +500,20 @@ class OwnedGraph:
         return released
 
 
+#: A bucket whose steady value was never written.
+_UNSET = object()
+
+
 def _shared_values(bucket: _Bucket, fetched: Any, cache: dict | None) -> dict[str, Any] | None:
     """The values every task of ``bucket`` relaunches with, when its tasks read one metadata
     object (a KV-cache group, or a bucket of one task); None when they read several."""
     if bucket.single:  # ``fetched`` is the one task's metadata object
         return _values(bucket.provider, bucket.label, fetched, cache)
     first = fetched[0]
-    if all(map(is_, fetched, repeat(first))):
-        return _values(bucket.provider, bucket.label, first, cache)
-    return None
+    for metadata in fetched:  # a bytecode loop: half the instructions of all(map(is_, ...))
+        if metadata is not first:
+            return None
+    return _values(bucket.provider, bucket.label, first, cache)
 
 
 def _values(provider: Provider, label: str, metadata: Any, cache: dict | None) -> dict[str, Any]:

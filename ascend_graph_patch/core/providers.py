@@ -3,9 +3,10 @@
 What each one rebinds comes from the line's layout (relaunch keyword <- metadata attribute), so the
 overlay relaunches exactly what stock relaunches. The two shapes differ only in the workspace:
 
-- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace; FIA also rebinds
-  the block table where stock does, and drops a draft step that is not causal to sparse mode 0,
-  as stock does;
+- :class:`GraphWorkspaceProvider` (FIA, FIA v2): the graph's captured workspace (a *steady*
+  value: read from the graph once per step, not from the metadata, and written into the tasks'
+  templates only when it changes, see ``OwnedGraph``); FIA also rebinds the block table where
+  stock does, and drops a draft step that is not causal to sparse mode 0, as stock does;
 - :class:`LengthsWorkspaceProvider` (PA): a workspace recomputed from the fresh context lengths.
 
 A provider computes its fresh values for one metadata object (``values``). The layers of a KV-cache
@@ -58,6 +59,7 @@ class GraphWorkspaceProvider:
     read: Callable[[Any], tuple] = field(init=False)
     group: int = field(init=False)
     value_keys: tuple[str, ...] = field(init=False)
+    steady: tuple[str, Callable[[], Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         attributes = self.attributes + ((self.causal,) if self.causal is not None else ())
@@ -65,6 +67,7 @@ class GraphWorkspaceProvider:
         self.value_keys = (*self.keys, "workspace") + (
             ("sparse_mode",) if self.causal is not None else ()
         )
+        self.steady = ("workspace", self.workspace)
         self.group = group_of(
             (
                 self.kind,
@@ -81,7 +84,6 @@ class GraphWorkspaceProvider:
         except _UNREADABLE as exc:
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
         values = dict(zip(self.keys, read))  # noqa: B905 - a causal flag read last is left out
-        values["workspace"] = self.workspace()
         if self.causal is not None:
             values["sparse_mode"] = self.sparse_mode if read[-1] else 0
         return values
@@ -127,6 +129,7 @@ class LengthsWorkspaceProvider:
     group: int = field(init=False)
     value_keys: tuple[str, ...] = field(init=False)
     _getter_kwargs: dict[str, Any] = field(init=False)  # ``static`` + the lengths last passed
+    steady = None  # its workspace follows the lengths: computed per step, with them
 
     def __post_init__(self) -> None:
         self.lengths = attrgetter(self.attribute)

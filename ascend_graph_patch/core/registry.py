@@ -52,8 +52,13 @@ class GraphRegistry:
         self._index: dict[tuple[str, Any], list[tuple[Any, list[tuple[Any, Any, Any]]]]] = {}
         #: (role, descriptor) -> why the newest graph captured for it was left to stock
         self.refused: dict[tuple[str, Any], str] = {}
+        #: role -> (descriptor, owner, entry) of its last lookup: a step that replays the size
+        #: the previous one did (the dispatcher hands out the same descriptor object) skips the
+        #: index; any registration forgets them
+        self._last: dict[str, tuple[Any, Any, tuple[Any, Any, Any]]] = {}
 
     def register(self, owner: Any, graph: Any, owned: OwnedGraph) -> None:
+        self._last.clear()
         key = (owned.role, owned.descriptor)
         entries = self._live(key)
         entries[:] = [e for e in entries if e[0]() is not owner]  # a recapture replaces
@@ -63,6 +68,7 @@ class GraphRegistry:
 
     def refuse(self, owner: Any, role: str, descriptor: Any, reason: str) -> None:
         """Remember a graph left to stock (and drop that owner's older graph for the key)."""
+        self._last.clear()
         key = (role, descriptor)
         entries = self._live(key)
         entries[:] = [e for e in entries if e[0]() is not owner]
@@ -85,15 +91,22 @@ class GraphRegistry:
 
     def lookup(self, role: str, descriptor: Any, owner: Any = None) -> OwnedGraph | None:
         """The owned graph for this key: ``owner``'s if given, else the newest live one."""
+        last = self._last.get(role)
+        if last is not None and last[0] is descriptor and last[1] is owner:
+            owner_ref, graph_ref, owned_ref = last[2]
+            if owner_ref() is not None and graph_ref() is not None:
+                return owned_ref()  # type: ignore[no-any-return]
         entries = self._entries(role, descriptor)
         if not entries:
             return None
-        for owner_ref, graph_ref, owned_ref in reversed(entries):
+        for entry in reversed(entries):
+            owner_ref, graph_ref, owned_ref = entry
             live_owner = owner_ref()
             if live_owner is None or (owner is not None and live_owner is not owner):
                 continue
             if graph_ref() is not None:
-                return owned_ref()
+                self._last[role] = (descriptor, owner, entry)
+                return owned_ref()  # type: ignore[no-any-return]
         return None
 
     def live_owners(self, role: str, descriptor: Any) -> int:
@@ -104,6 +117,7 @@ class GraphRegistry:
         return list(self._owned.values())
 
     def clear(self) -> None:
+        self._last.clear()
         self._owned = weakref.WeakKeyDictionary()
         self._index.clear()
         self.refused.clear()

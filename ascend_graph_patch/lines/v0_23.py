@@ -235,7 +235,8 @@ class MLAProvider:
     request count (target: ``num_tokens``; Eagle / MTP target: ``num_tokens // (k + 1)``, with
     query ends ``[(k + 1) * (i + 1)]``; draft: the step's ``decode.actual_seq_lengths_q``, whose
     length also bounds ``decode.block_table`` when the drafter's batch is not padded). The
-    graph's captured workspace, read per step, as stock reads it.
+    graph's captured workspace, read per step as stock reads it, is a steady value (``steady``:
+    the graph writes it into the templates when it changes).
     """
 
     kind: str
@@ -246,6 +247,7 @@ class MLAProvider:
     workspace: Callable[[], Any]
     group: int = field(init=False)
     value_keys: tuple[str, ...] = field(init=False)
+    steady: tuple[str, Callable[[], Any]] = field(init=False)  # the graph's workspace
     _query_ends: list[int] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -255,6 +257,7 @@ class MLAProvider:
             MLA_DRAFT: ("actual_seq_kvlen", "actual_seq_qlen", "block_table"),
         }[self.mode]
         self.value_keys = (*keys, "workspace")
+        self.steady = ("workspace", self.workspace)
         config = (self.kind, self.mode, self.num_tokens, self.spec_multiple, self.slice_table)
         self.group = group_of((*config, id(self.workspace)))
         requests = self.num_tokens // self.spec_multiple
@@ -278,18 +281,13 @@ class MLAProvider:
                     "actual_seq_kvlen": lengths + [0] * (len(query_ends) - len(lengths)),
                     "actual_seq_qlen": query_ends,
                     "block_table": table,
-                    "workspace": self.workspace(),
                 }
             padded = lengths + [0] * (self.num_tokens // self.spec_multiple - len(lengths))
         except (AttributeError, TypeError) as exc:  # stock reads the same fields and raises
             raise MetadataFault(f"metadata unreadable: {exc!r}", exc) from exc
         if self._query_ends is not None:
-            return {
-                "actual_seq_kvlen": padded,
-                "actual_seq_qlen": self._query_ends,
-                "workspace": self.workspace(),
-            }
-        return {"actual_seq_kvlen": padded, "workspace": self.workspace()}
+            return {"actual_seq_kvlen": padded, "actual_seq_qlen": self._query_ends}
+        return {"actual_seq_kvlen": padded}
 
 
 def mla_provider(

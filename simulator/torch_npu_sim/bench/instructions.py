@@ -185,8 +185,10 @@ def run_counted(spec: dict[str, Any], work_dir: Path, timeout: float = 7200.0) -
     meta_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "torch_npu_sim.bench.counted"]
     argv += ["--spec", str(spec_path), "--out", str(meta_path)]
+    # one string-hash seed: dict probing, hence the counts, then repeat exactly run to run
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
     with open(work_dir / "log", "wb") as log:
-        proc = supervisor.start(callgrind_command(work_dir, argv), stdout=log, stderr=log)
+        proc = supervisor.start(callgrind_command(work_dir, argv), env=env, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
