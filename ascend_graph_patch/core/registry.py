@@ -52,10 +52,11 @@ class GraphRegistry:
         self._index: dict[tuple[str, Any], list[tuple[Any, list[tuple[Any, Any, Any]]]]] = {}
         #: (role, descriptor) -> why the newest graph captured for it was left to stock
         self.refused: dict[tuple[str, Any], str] = {}
-        #: role -> (descriptor, owner, entry) of its last lookup: a step that replays the size
-        #: the previous one did (the dispatcher hands out the same descriptor object) skips the
-        #: index; any registration forgets them
-        self._last: dict[str, tuple[Any, Any, tuple[Any, Any, Any]]] = {}
+        #: role -> (descriptor, whether no owner was given, entry) of its last lookup: a step
+        #: that replays the size the previous one did (the dispatcher hands out the same
+        #: descriptor object) skips the index. Only weak references to owners and graphs, as in
+        #: the index; any registration or refusal forgets them
+        self._last: dict[str, tuple[Any, bool, tuple[Any, Any, Any]]] = {}
 
     def register(self, owner: Any, graph: Any, owned: OwnedGraph) -> None:
         self._last.clear()
@@ -92,9 +93,14 @@ class GraphRegistry:
     def lookup(self, role: str, descriptor: Any, owner: Any = None) -> OwnedGraph | None:
         """The owned graph for this key: ``owner``'s if given, else the newest live one."""
         last = self._last.get(role)
-        if last is not None and last[0] is descriptor and last[1] is owner:
+        if last is not None and last[0] is descriptor and last[1] is (owner is None):
             owner_ref, graph_ref, owned_ref = last[2]
-            if owner_ref() is not None and graph_ref() is not None:
+            live_owner = owner_ref()
+            if (
+                live_owner is not None
+                and (owner is None or live_owner is owner)
+                and graph_ref() is not None
+            ):
                 return owned_ref()  # type: ignore[no-any-return]
         entries = self._entries(role, descriptor)
         if not entries:
@@ -105,7 +111,7 @@ class GraphRegistry:
             if live_owner is None or (owner is not None and live_owner is not owner):
                 continue
             if graph_ref() is not None:
-                self._last[role] = (descriptor, owner, entry)
+                self._last[role] = (descriptor, owner is None, entry)
                 return owned_ref()  # type: ignore[no-any-return]
         return None
 
