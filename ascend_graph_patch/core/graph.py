@@ -185,6 +185,10 @@ class Resolution(Sequence[ResolvedTask]):
         return task, {**task.template, **self.values[index]}  # what its relaunch passes
 
 
+#: A bucket whose steady value was never written (None is a value: a graph without a workspace).
+_UNSET = object()
+
+
 @dataclass(eq=False, slots=True)
 class _Bucket:
     """Tasks sharing a provider configuration (and, for drafts, a step): those whose metadata
@@ -201,7 +205,7 @@ class _Bucket:
     steady: tuple[str, Callable[[], Any]] | None  # the provider's steady value, if any
     calls: list[tuple] | None = None  # its tasks' calls, when every bucket's tasks are contiguous
     #: the steady value every template of the bucket holds (``_UNSET``: not written yet)
-    written: Any = None
+    written: Any = _UNSET
 
 
 @dataclass(eq=False)
@@ -261,7 +265,6 @@ class OwnedGraph:
                 first.label,
                 len(keys) == 1,
                 getattr(first.provider, "steady", None),
-                written=_UNSET,
             )
             self._buckets.append(bucket)
         if all(b.span is not None for b in self._buckets):  # then they tile the tasks in order
@@ -498,10 +501,6 @@ class OwnedGraph:
             if _quietly(task.event.record, update_stream):
                 released += 1
         return released
-
-
-#: A bucket whose steady value was never written.
-_UNSET = object()
 
 
 def _shared_values(bucket: _Bucket, fetched: Any, cache: dict | None) -> dict[str, Any] | None:

@@ -755,11 +755,7 @@ class NPUGraph:
         _S.group = None
         mode, _S.capture_mode, _S.capturing = _S.capture_mode, None, None
         mode.__exit__(None, None, None)
-        self._tasks.clear()
-        self._reserved.clear()
-        for gid in self._groups:
-            _HANDLES.pop(gid, None)
-        self._groups.clear()
+        self.reset()
 
     @_locked
     def replay(self) -> None:
