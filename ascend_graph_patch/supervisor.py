@@ -493,9 +493,9 @@ def supervise(signals: Sequence[int] = SIGNALS) -> Iterator[None]:
     first one, raised again until acknowledged, see :data:`REDELIVER`; a later one while
     children are being stopped or after the acknowledgement only cuts the grace period short,
     so the clean-up and the report of an interrupted run are not themselves interrupted); on
-    leaving, by any exception or none,
-    every supervised child is stopped. The previous handlers are put back. Off the main thread
-    (no signal handlers there) it only stops the children on leaving."""
+    leaving, by any exception or none, every supervised child is stopped. The previous handlers
+    are put back. Off the main thread (no signal handlers there) it only stops the children on
+    leaving."""
     previous: dict[int, Any] = {}
     fired: list[int] = []
 

@@ -315,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
             bar = None
     result = core.BenchResult()
     interrupted: BaseException | None = None
+    signal_name = None
     try:
         core.sweep(kinds, layers, batches, rounds, inner, bar, points=result.points)
         if not args.no_capture:
@@ -327,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
             _count(result, kinds, layers, batches, not args.no_capture, args.quick)
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: report what was measured
         interrupted = exc
+        signal_name = supervisor.interruption(exc)[0]  # taken up here: not raised again
     finally:
         if bar is not None:
             bar.close()
@@ -346,7 +348,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             print()
             print(projecting.render(projection))
-    signal_name = None if interrupted is None else supervisor.interruption(interrupted)[0]
     if signal_name is not None:
         print(f"INTERRUPTED ({signal_name}): {len(result.points)} point(s) measured")
     if args.json_path:
