@@ -134,8 +134,9 @@ def measure_startup(
     negligible next to it. One warm-up run keeps ``.pyc`` compilation out of the numbers.
     """
     import statistics
-    import subprocess
     import tempfile
+
+    from ascend_graph_patch import supervisor  # stdlib only; its children end with this process
 
     run_env = dict(os.environ if env is None else env)
     run_env["ASCEND_GRAPH_PATCH"] = mode
@@ -147,7 +148,8 @@ def measure_startup(
     with tempfile.TemporaryDirectory(prefix="agp-pycache-") as cache:
         run_env["PYTHONPYCACHEPREFIX"] = cache
         for i in range(repeats + 1):
-            proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=True)
+            proc = supervisor.run(cmd, env=run_env, timeout=120)
+            proc.check_returncode()
             if i:
                 samples.append(_sum_importtime(proc.stderr))
     return statistics.median(samples)

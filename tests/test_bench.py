@@ -143,14 +143,6 @@ def test_unknown_kind_is_a_usage_error(capfd):
     assert "unknown kind" in capfd.readouterr().err
 
 
-def test_startup_fallback_parses_importtime(monkeypatch):
-    from ascend_graph_patch import _bootstrap
-
-    monkeypatch.delattr(_bootstrap, "measure_startup", raising=False)
-    result = core.startup_cost(1)
-    assert result["off_ms"] is not None and result["off_ms"] >= 0
-
-
 def test_targets_per_point():
     """Never slower than stock anywhere; the tighter targets only from 28 layers up."""
     one = core.Point("PA", 1, 64, tasks=1, stock_us=6.0, overlay_us=5.9, floor_us=1.7)

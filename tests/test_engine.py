@@ -20,8 +20,11 @@ children of one process. Then:
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -45,6 +48,30 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     (root / "table.md").write_text(table + "\n")
     print("\n" + table)
     yield out
+
+
+def test_an_interrupted_run_leaves_no_arm_behind(
+    tmp_path: Path, mocker: pytest.MockerFixture
+) -> None:
+    """A test's timeout or Ctrl-C while arms run stops every arm's process group: no engine
+    outlives the run (a plain Popen left them, and the engine cores they start, running)."""
+    started = []
+    real_start = arms.supervisor.start
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    mocker.patch.object(arms.supervisor, "start", side_effect=start)
+    interrupt = mocker.Mock(side_effect=KeyboardInterrupt)
+    mocker.patch.object(arms, "time", SimpleNamespace(sleep=interrupt, monotonic=time.monotonic))
+    with pytest.raises(KeyboardInterrupt):
+        arms.run_arms(tmp_path, tmp_path / "models", ("eager", "stock"), cases.CASES[:1])
+    assert len(started) == 2
+    for proc in started:
+        assert proc.returncode is not None  # stopped and reaped
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # nothing left in its group
 
 
 def _arm(results: dict[str, Any], arm: str) -> dict[str, Any]:

@@ -521,38 +521,11 @@ def startup_cost(repeats: int) -> dict[str, Any]:
     """Loader start-up cost (ms) with the toggle off and on, in fresh interpreters."""
     from ascend_graph_patch import _bootstrap
 
-    measure = getattr(_bootstrap, "measure_startup", None)
     out: dict[str, Any] = {"target_off_ms": TARGET_STARTUP_OFF_MS, "repeats": repeats}
     for mode in ("off", "on"):
         try:
-            out[f"{mode}_ms"] = measure(mode, repeats) if measure else _importtime(mode, repeats)
+            out[f"{mode}_ms"] = _bootstrap.measure_startup(mode, repeats)
         except Exception as exc:  # noqa: BLE001 - e.g. the .pth is not installed here
             out[f"{mode}_ms"] = None
             out[f"{mode}_error"] = _describe(exc)
     return out
-
-
-def _importtime(mode: str, repeats: int) -> float:
-    """Fallback: whole-interpreter ``-X importtime`` of ``ascend_graph_patch*`` modules (ms)."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, ASCEND_GRAPH_PATCH=mode)
-    env.pop("TORCH_NPU_SIM", None)
-    samples = []
-    for _ in range(repeats):
-        proc = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", "pass"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        total = 0
-        for line in proc.stderr.splitlines():
-            parts = line.split("|")
-            if len(parts) == 3 and parts[2].strip().startswith(("ascend_graph_patch", "wrapt")):
-                total += int(parts[0].split(":")[-1])
-        samples.append(total / 1000.0)
-    return statistics.median(samples)

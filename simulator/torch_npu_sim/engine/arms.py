@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ascend_graph_patch import supervisor
+
 from . import control
 from .cases import CASES, CONTROL_CASES, Case, eager_cases
 
@@ -107,46 +109,57 @@ def run_arms(
     pending = [ARMS[name] for name in arms]
     running: list[tuple[Arm, subprocess.Popen[bytes], float, Path]] = []
     results: dict[str, dict[str, Any]] = {}
-    while pending or running:
-        while pending and len(running) < parallel:
-            arm = pending.pop(0)
-            arm_dir = directory / arm.name
-            arm_dir.mkdir(parents=True, exist_ok=True)
-            spec = {
-                "graph": arm.graph,
-                "model_root": str(model_root),
-                "timeout": case_timeout,
-                "cases": [
-                    c.to_json()
-                    for c in (cases_by_arm or {}).get(arm.name) or cases_for(arm.name, cases)
-                ],
-            }
-            (arm_dir / "spec.json").write_text(json.dumps(spec, indent=1))
-            log = (arm_dir / "log").open("wb")
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch_npu_sim.engine.arm",
-                "--spec",
-                str(arm_dir / "spec.json"),
-                "--out",
-                str(arm_dir / "result.json"),
-            ]
-            env = arm_env(arm, arm_dir, shared)
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            running.append((arm, proc, time.monotonic(), arm_dir))
-        time.sleep(0.5)
-        for entry in list(running):
-            arm, proc, started, arm_dir = entry
-            if proc.poll() is None and time.monotonic() - started < timeout:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            running.remove(entry)
-            results[arm.name] = _load(arm_dir, proc.returncode, time.monotonic() - started)
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                arm = pending.pop(0)
+                own = (cases_by_arm or {}).get(arm.name) or cases_for(arm.name, cases)
+                launched = _launch(arm, directory, model_root, shared, own, case_timeout)
+                running.append((arm, *launched))
+            time.sleep(0.5)
+            for entry in list(running):
+                arm, proc, started, arm_dir = entry
+                if proc.poll() is None and time.monotonic() - started < timeout:
+                    continue
+                supervisor.stop(proc)  # a timed-out arm and its engine cores; quick once exited
+                running.remove(entry)
+                results[arm.name] = _load(arm_dir, proc.returncode, time.monotonic() - started)
+    finally:  # a failure or an interruption (a test's timeout, Ctrl-C) leaves no engine behind
+        supervisor.stop_many(proc for _, proc, _, _ in running)
     return results
+
+
+def _launch(
+    arm: Arm,
+    directory: Path,
+    model_root: Path,
+    shared: Path,
+    cases: Iterable[Case],
+    case_timeout: float,
+) -> tuple[subprocess.Popen[bytes], float, Path]:
+    """Start one arm, supervised (its own process group, stopped with everything it started)."""
+    arm_dir = directory / arm.name
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "graph": arm.graph,
+        "model_root": str(model_root),
+        "timeout": case_timeout,
+        "cases": [c.to_json() for c in cases],
+    }
+    (arm_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch_npu_sim.engine.arm",
+        "--spec",
+        str(arm_dir / "spec.json"),
+        "--out",
+        str(arm_dir / "result.json"),
+    ]
+    env = arm_env(arm, arm_dir, shared)
+    with (arm_dir / "log").open("wb") as log:
+        proc = supervisor.start(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, time.monotonic(), arm_dir
 
 
 def _load(arm_dir: Path, returncode: int | None, seconds: float) -> dict[str, Any]:
