@@ -83,10 +83,23 @@ def test_the_check_passes_within_two_percent_and_fails_beyond(tmp_path: Path) ->
     assert baseline.check(_points(overlay_28=530.0), capture, base)[0] == []  # +1%: noise-free
     worse, compared = baseline.check(_points(overlay_28=540.0), capture, base)  # +2.9%
     assert compared == 5 and len(worse) == 2, worse  # overlay/stock and overlay/floor
-    assert worse[0].startswith("FIA|28|1 overlay/stock: ") and "(+2.9%)" in worse[0]
+    assert worse[0].startswith("FIA|28|1 overlay/stock: ") and "(+2.9%, allowed 2%)" in worse[0]
     assert baseline.check(_points(), {"instructions": {"ratio": 1.04}}, base)[0] == [
         "capture: 1.0400 against 1.0145"
     ]
+
+
+def test_one_layer_ratios_are_checked_at_five_percent() -> None:
+    """One-layer counts move by up to 2.8% between processes (the allocator's state): +4% there
+    passes, +6% fails, while +2.9% fails from 28 layers up (above)."""
+    base = baseline.make(_points(), None)
+    at = {"+4%": 67.0 * 1.04, "+6%": 67.0 * 1.06}
+    four = [_point("FIA", 1, 150.0, at["+4%"], 30.0), _point("FIA", 28, 1420.0, 525.0, 450.0)]
+    assert baseline.check(four, None, base) == ([], 4)
+    six = [_point("FIA", 1, 150.0, at["+6%"], 30.0), _point("FIA", 28, 1420.0, 525.0, 450.0)]
+    worse, _ = baseline.check(six, None, base)
+    assert [w.split(":")[0] for w in worse] == ["FIA|1|1 overlay/stock", "FIA|1|1 overlay/floor"]
+    assert all("allowed 5%" in w for w in worse)
 
 
 def _result(points: list[core.Point]) -> core.BenchResult:

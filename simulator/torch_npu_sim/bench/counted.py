@@ -12,6 +12,7 @@ per arm). Writes the points' metadata; the counts are in callgrind's dump files,
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import sys
@@ -40,6 +41,7 @@ def count_points(
                 for batch in batches:
                     row: dict[str, Any] = {"kind": kind, "layers": n_layers, "batch": batch}
                     try:
+                        _trim_heap()
                         with core.point_calls(engine, kind, n_layers, batch) as (point, calls):
                             gc.disable()
                             try:
@@ -57,6 +59,19 @@ def count_points(
                 engine.close()
                 gc.collect()
     return points
+
+
+def _trim_heap() -> None:
+    """Give the allocator's free chunks back (glibc's ``malloc_trim``) before a point warms up.
+
+    Why: the simulated ops allocate tensor storage with ``posix_memalign``, whose instructions
+    depend on what the heap holds from everything before (an engine closed, another point): a
+    one-layer point's overlay / floor moved by 1.5% between processes laid out differently, 0.3%
+    with the heap trimmed first. Not glibc: nothing to do."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 def count_capture(counter: instructions.Counter, layers: int, sizes: list[int]) -> None:
