@@ -25,15 +25,13 @@ TOLERANCE = 0.02
 #: one-layer ratios (30-170k instructions a step) spread by up to 2.8%, those from 28 layers up by
 #: at most 0.6%. A 2% check at one layer would fail on noise.
 TOLERANCE_ONE_LAYER = 0.05
+#: The baseline kept in the repository.
+DEFAULT = Path(__file__).resolve().parent / "baseline.json"
 
 
 def tolerance(name: str) -> float:
     """How much the ratio of the point ``kind|layers|batch`` may worsen."""
     return TOLERANCE_ONE_LAYER if name.split("|")[1] == "1" else TOLERANCE
-
-
-#: The baseline kept in the repository.
-DEFAULT = Path(__file__).resolve().parent / "baseline.json"
 
 
 def key(point: Any) -> str:
