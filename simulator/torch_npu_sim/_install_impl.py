@@ -83,6 +83,7 @@ def install() -> types.ModuleType:
     torch.npu = mod.npu
     sys.modules["torch.npu"] = mod.npu
     torch_additions.install(torch)
+    runtime.install_collective_wait(torch)
     _pin_memory_shim(torch)
     _stub_acl()
     _MODULE = mod

@@ -188,8 +188,7 @@ class _Task:
         return True
 
     def run(self) -> None:
-        result = self.fn(*self.args, **self.kwargs)
-        _wait_collectives(result)
+        result = self._call()
         if self.outputs is not None:
             new, _ = tree_flatten(result)
             new = [t for t in new if isinstance(t, torch.Tensor)]
@@ -203,8 +202,28 @@ class _Task:
                     )
                 dst.copy_(src)
 
+    def _call(self) -> Any:
+        result = self.fn(*self.args, **self.kwargs)
+        _wait_collectives(result)
+        return result
+
     def __repr__(self) -> str:
         return f"<task {self.name}>"
+
+
+class _FunctionalCollectiveTask(_Task):
+    """A captured ``_c10d_functional`` collective: its fresh result is waited (``wait_tensor``)
+    before it is written into the captured output, which no ``wait_tensor`` replay would reach
+    (the one the caller made at capture waited on the capture-time tensor)."""
+
+    __slots__ = ()
+
+    def _call(self) -> Any:
+        result = self.fn(*self.args, **self.kwargs)
+        for leaf in tree_flatten(result)[0]:
+            if isinstance(leaf, torch.Tensor):
+                torch.ops._c10d_functional.wait_tensor(leaf)
+        return result
 
 
 class _GateTask(_Task):
@@ -281,7 +300,7 @@ def _is_work(leaf: Any) -> bool:
 def _wait_collectives(result: Any) -> None:
     """Wait on every collective ``Work`` a replayed op returned (``c10d.allreduce_`` & co.)."""
     if not isinstance(result, (tuple, list)):
-        return
+        result = [result]  # ``alltoall_base_`` and the coalesced ops return their Work alone
     for leaf in tree_flatten(result)[0]:
         if _is_work(leaf):
             leaf.wait()
@@ -608,9 +627,15 @@ class _CaptureMode(TorchDispatchMode):
     def __init__(self, graph: NPUGraph) -> None:
         super().__init__()
         self.graph = graph
+        self.thread = threading.get_ident()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        if threading.get_ident() != self.thread:
+            # A backend's worker thread that inherited the mode with the thread-local state
+            # (gloo runs collectives so, copying results into outputs): its ops are the inside
+            # of the collective task the capturing thread recorded, not tasks of their own.
+            return func(*args, **kwargs)
         body = _body(func)
         if body is not None and not _S.executing and _S.capturing is self.graph:
             with self:
@@ -619,6 +644,13 @@ class _CaptureMode(TorchDispatchMode):
             return NotImplemented
         out = func(*args, **kwargs)
         if _S.executing or _S.capturing is not self.graph:
+            return out
+        if func.namespace == "c10d":
+            self.graph._record(_collective_task(func, args, kwargs, out))
+            return out
+        if func.namespace == "_c10d_functional" and func._opname != "wait_tensor":
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            self.graph._record(_FunctionalCollectiveTask(str(func), func, args, kwargs, outputs))
             return out
         kind = _op_kind(func)
         if kind == "view" and _fresh_output(args, out):
@@ -635,6 +667,56 @@ class _CaptureMode(TorchDispatchMode):
         if tensors:
             self.graph._record(_Task(str(func), func, args, kwargs, tensors))
         return out
+
+
+def _collective_task(func: Any, args: tuple, kwargs: dict, out: Any) -> _Task:
+    """A captured ``c10d`` collective as one device task: issue plus wait, writing its outputs.
+
+    ``c10d`` schemas carry no alias annotations, so the generic rules misread them: an op that
+    returns only its ``Work`` (``alltoall_base_``, the coalesced ones) would not be recorded at all,
+    and one that returns tensors would be replayed as a functional op. And the backend may finish
+    the collective inside ``Work.wait`` on the caller's thread (gloo's reduce-scatter copies its
+    result into the output there): under capture that copy would be recorded as a task of its own
+    that, at replay, writes the capture-time result over the fresh one. So the ``Work`` is waited
+    here, with recording off, and the caller's own ``wait`` finds it done; at replay the task
+    issues the collective again and waits (``_Task.run``), as a device graph's collective completes
+    before the next task on its stream.
+    """
+    _S.executing += 1
+    try:
+        _wait_collectives(out)
+    finally:
+        _S.executing -= 1
+    return _Task(str(func), func, args, kwargs)
+
+
+def install_collective_wait(torch_module: Any) -> None:
+    """Make ``Work.wait`` inside a capture record nothing (idempotent).
+
+    Gloo's reduce-scatter ``Work`` splits its buffer and copies the result into the output on
+    every ``wait`` (on the caller's thread). The caller waits right after the collective; under
+    capture those ops would become tasks of their own that, at replay, copy the capture-time
+    buffer over the fresh result (DP=2's MoE reduce-scatter replayed zeros). On a device a wait
+    inside a graph is stream order only: the collective task (:func:`_collective_task`) waits at
+    replay.
+    """
+    c10d = getattr(torch_module._C, "_distributed_c10d", None)
+    work = getattr(c10d, "Work", None)
+    if work is None or getattr(work.wait, "_sim_capture_aware", False):
+        return
+    real_wait = work.wait
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _S.capturing is None or _S.executing:
+            return real_wait(self, *args, **kwargs)
+        _S.executing += 1
+        try:
+            return real_wait(self, *args, **kwargs)
+        finally:
+            _S.executing -= 1
+
+    wait._sim_capture_aware = True  # type: ignore[attr-defined]
+    work.wait = wait
 
 
 #: Namespaces of torch's own ops: their kernels are device kernels, recorded as one task each.
