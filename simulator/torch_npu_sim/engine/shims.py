@@ -30,14 +30,54 @@ class Shim:
 
 
 def _cpu_device(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """The release's device set-up (distributed init, seeds, probes), on a host with a device.
+
+    While it runs, ``torch.npu.is_available()`` answers True: at data parallelism it counts the
+    visible devices (``worker/worker.py`` near line 489: ``local_world_size`` must not exceed
+    ``device_count() if is_available() else 0``), and a worker being set up has its device on
+    hardware. Everywhere else the answer stays False (see ``accelerator``: dynamo would ask a
+    device for a real stream).
+    """
     import torch
 
-    call(*args, **kwargs)  # the release's device set-up: distributed init, seeds, probes
+    npu = torch.npu
+    unavailable = npu.is_available
+    npu.is_available = _available
+    try:
+        call(*args, **kwargs)
+    finally:
+        npu.is_available = unavailable
     return torch.device("cpu")
+
+
+def _available() -> bool:
+    return True
 
 
 def _false(call: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
     return False
+
+
+def _dispatcher_on_host(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """An expert-parallel token dispatcher's set-up, with ``torch.npu.current_device()`` the
+    simulated device's memory: it allocates ``expert_ids_per_ep_rank`` there
+    (``ops/fused_moe/token_dispatcher.py`` near line 454), and an int device index means ``npu``,
+    which has no allocator here."""
+    import torch
+
+    npu = torch.npu
+    current = npu.current_device
+    npu.current_device = _host_device
+    try:
+        return call(*args, **kwargs)
+    finally:
+        npu.current_device = current
+
+
+def _host_device() -> Any:
+    import torch
+
+    return torch.device("cpu")
 
 
 def _load_on_cpu(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -84,13 +124,21 @@ SHIMS: tuple[Shim, ...] = (
         "vllm_ascend.worker.worker",
         "NPUWorker._init_device",
         _cpu_device,
-        "npu:0 is a PrivateUse1 device with an allocator on hardware; here tensors live on CPU",
+        "npu:0 is a PrivateUse1 device with an allocator on hardware; here tensors live on CPU "
+        "(and the worker's device counts as visible while it is set up: the DP device check)",
     ),
     Shim(
         "vllm_ascend.platform",
         "NPUPlatform.is_pin_memory_available",
         _false,
         "torch_npu pins host memory for the NPU; CPU torch cannot pin without an accelerator",
+    ),
+    Shim(
+        "vllm_ascend.ops.fused_moe.token_dispatcher",
+        "TokenDispatcherWithAll2AllV.__init__",
+        _dispatcher_on_host,
+        "the EP all-to-all dispatcher allocates on the current NPU at layer init; here that is CPU "
+        "memory",
     ),
     Shim(
         "vllm.model_executor.model_loader.base_loader",
@@ -131,6 +179,7 @@ def apply(shims: tuple[Shim, ...] = SHIMS) -> None:
     for shim in shims:
         hooks.when_imported(shim.module, _installer(shim))
     _tensor_methods()
+    _hccl_comm_names()
     accelerator.install()
 
 
@@ -158,3 +207,47 @@ def _tensor_methods() -> None:
 
 def _identity_npu(self: Any, device: Any = None, non_blocking: bool = False, **_kw: Any) -> Any:
     return self
+
+
+class _SimulatedHcclBackend:
+    """What ``ProcessGroup._get_backend(npu)`` gives the MoE token dispatchers: the group's
+    backend (gloo here), plus the HCCL communicator name they read at layer init
+    (``token_dispatcher.py`` near lines 108, 147 and 471). The name reaches only the MC2 ops
+    (an EP world of 16 or more); at smaller EP sizes the release selects all-gather."""
+
+    def __init__(self, backend: Any, group_name: str) -> None:
+        self._backend = backend
+        self._group_name = group_name
+
+    def get_hccl_comm_name(self, rank: int) -> str:
+        return f"sim_hccl_{self._group_name}_{rank}"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def _hccl_comm_names() -> None:
+    """``ProcessGroup._get_backend(torch.device("npu"))``: torch_npu registers the HCCL backend
+    for the npu device; gloo has none ("No backend type associated with device type npu"), so
+    the npu device gets the group's CPU backend with a communicator name (idempotent)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    group_class = dist.ProcessGroup
+    real = group_class._get_backend
+    if getattr(real, "_sim_npu_backend", False):
+        return
+
+    def get_backend(self: Any, device: Any) -> Any:
+        if torch.device(device).type != "npu":
+            return real(self, device)
+        try:
+            return real(self, device)
+        except RuntimeError:
+            return _SimulatedHcclBackend(real(self, torch.device("cpu")), self.group_name)
+
+    get_backend._sim_npu_backend = True  # type: ignore[attr-defined]
+    get_backend._sim_torch_get_backend = real  # type: ignore[attr-defined]
+    group_class._get_backend = get_backend
