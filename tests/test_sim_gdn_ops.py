@@ -386,3 +386,23 @@ def test_split_qkv_rmsnorm_mrope_matches_its_formula(gen: torch.Generator) -> No
     assert _max_err(outs[1], k.reshape(t, kv_size)) < 1e-5
     assert torch.equal(outs[2], qkv[:, 2 * q_size + kv_size :])
     assert torch.equal(outs[3], q_gate[..., hd:].reshape(t, q_size).float())
+
+
+def test_recurrent_ignoring_accepted_tokens_would_start_from_the_wrong_slot(
+    gen: torch.Generator,
+) -> None:
+    """Negative control of the speculative test: the same step read with 1 instead of 3 tokens
+    accepted starts from another state slot, and its outputs differ."""
+    d = 8
+    q, k, v, g, beta = _inputs(gen, 3)
+    state = torch.randn(3, 4, d, d, generator=gen)
+    outs = []
+    for accepted in (3, 1):
+        out = gdn_ops.npu_recurrent_gated_delta_rule(
+            _l2(q), _l2(k), v, state.clone(), beta=beta, scale=d**-0.5, g=g,
+            actual_seq_lengths=torch.tensor([0, 3], dtype=torch.int32),
+            ssm_state_indices=torch.tensor([0, 1, 2], dtype=torch.int32),
+            num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32),
+        )  # fmt: skip
+        outs.append(out)
+    assert _max_err(outs[0], outs[1]) > 1e-2
