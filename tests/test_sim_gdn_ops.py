@@ -406,3 +406,58 @@ def test_recurrent_ignoring_accepted_tokens_would_start_from_the_wrong_slot(
         )  # fmt: skip
         outs.append(out)
     assert _max_err(outs[0], outs[1]) > 1e-2
+
+
+# --------------------------------------------------------------------------------------------
+# As the engine reaches them: the registered ops, under graph capture
+
+
+def test_gdn_ops_are_registered_with_the_release_schemas() -> None:
+    """``torch.ops._C_ascend`` carries the three GDN ops with the schemas of vllm-ascend's
+    ``csrc/torch_binding.cpp`` (the simulator's install defines them), each a simulated op."""
+    from torch_npu_sim.engine import gdn_path
+
+    gdn_path.install()
+    for name, schema in gdn_path.SCHEMAS.items():
+        op = getattr(torch.ops._C_ascend, name).default
+        assert str(op._schema) == str(torch._C.parse_schema(f"_C_ascend::{schema}")), name
+
+
+def test_captured_recurrence_replays_on_the_current_state_and_lengths() -> None:
+    """A captured decode recurrence re-reads its length and index tensors and the state at
+    replay, as the kernel reads device memory: a graph captured for one batch serves the next
+    (persistent buffers refreshed in place), with no host value frozen at capture."""
+    from torch_npu_sim.engine import gdn_path
+
+    gdn_path.install()
+    gen = torch.Generator().manual_seed(1)
+    d = 8
+    q, k, v, g, beta = (x.contiguous() for x in _inputs(gen, 2))
+    qn, kn = _l2(q), _l2(k)  # the caller's l2norm_fwd
+    state = torch.randn(4, 4, d, d, generator=gen)
+    lengths = torch.tensor([0, 1, 1], dtype=torch.int32)
+    slots = torch.tensor([0, 1], dtype=torch.int32)
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        out = torch.ops._C_ascend.npu_recurrent_gated_delta_rule(
+            qn, kn, v, state, beta=beta, scale=d**-0.5, actual_seq_lengths=lengths,
+            ssm_state_indices=slots, g=g,
+        )  # fmt: skip
+    # two live sequences in slots 3 and 2, then the second padded away (length 0), slot 1
+    for new_lengths, new_slots in (([0, 1, 1], [3, 2]), ([0, 1, 0], [1, 0])):
+        lengths.copy_(torch.tensor(new_lengths))
+        slots.copy_(torch.tensor(new_slots))
+        before = state.clone()
+        graph.replay()
+        torch.npu.synchronize()
+        want = torch.zeros(out.shape, dtype=torch.float64)
+        for row, (live, slot) in enumerate(zip(new_lengths[1:], new_slots, strict=True)):
+            if not live:
+                continue
+            sl = slice(row, row + 1)
+            start = before[slot].transpose(-1, -2)
+            want[sl], final = delta_rule_oracle(
+                q[sl], k[sl], v[sl], g[sl], beta[sl], start, d**-0.5
+            )
+            assert _max_err(state[slot].transpose(-1, -2), final) < 1e-5
+        assert _max_err(out, want) < 1e-5

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import hooks
+from .shims import Shim
 
 #: ``torch.ops._C_ascend`` schemas, as ``csrc/torch_binding.cpp`` defines them.
 SCHEMAS = {
@@ -122,36 +123,35 @@ def _placeholder_next_power_of_2(module: Any) -> None:
         placeholder.next_power_of_2 = lambda n: 1 << (int(n) - 1).bit_length()
 
 
-#: (module, target, wrapper or module hook, what the CPU host lacks)
-SHIMS: tuple[tuple[str, str, Callable[..., Any], str], ...] = (
-    (
+SHIMS: tuple[Shim, ...] = (
+    Shim(
         "vllm_ascend.ops.triton.triton_utils",
         "get_vectorcore_num",
         _vector_cores,
         "triton-ascend's driver reports the NPU's vector cores; there is no driver here",
     ),
-    (
+    Shim(
         "vllm_ascend.ops.gdn",
         "chunk_gated_delta_rule",
         _chunked_prefill,
         "the chunked prefill runs 7 Triton kernels and 2 AscendC ops on the NPU; here the same "
         "recurrence token by token (prefill never runs inside a FULL_DECODE_ONLY graph)",
     ),
-    (
+    Shim(
         "vllm_ascend.ops.layernorm",
         "AscendRMSNormGated.__init__",
         _device_on_cpu,
         "the GDN layer builds its gated norm on current_device() (an int: the NPU); the "
         "simulated device is CPU memory",
     ),
-    (
+    Shim(
         "vllm_ascend.patch.worker.patch_qwen3_5",
         "",
         _register_split_qkv_op,
         "the release registers vllm::triton_split_qkv_rmsnorm_mrope only if HAS_TRITON "
         "(ops/__init__.py) but calls it for every qwen3_5 model; triton-ascend makes that True",
     ),
-    (
+    Shim(
         "vllm.triton_utils",
         "",
         _placeholder_next_power_of_2,
@@ -176,15 +176,15 @@ def install() -> None:
     _LIBRARY = torch.library.Library("_C_ascend", "FRAGMENT")
     define_ops(_LIBRARY)
     triton_refs.REFERENCES.update(triton_references())
-    for module, target, wrapper, _why in SHIMS:
-        hooks.when_imported(module, _installer(target, wrapper))
+    for shim in SHIMS:
+        hooks.when_imported(shim.module, _installer(shim))
 
 
-def _installer(target: str, wrapper: Callable[..., Any]) -> hooks.Hook:
+def _installer(shim: Shim) -> hooks.Hook:
     def install(module: Any) -> None:
-        if target:
-            hooks.wrap(module, target, wrapper)
+        if shim.target:
+            hooks.wrap(module, shim.target, shim.wrapper)
         else:
-            wrapper(module)
+            shim.wrapper(module)
 
     return install
