@@ -19,13 +19,16 @@ import os
 from typing import Any
 
 #: The default real-engine set of ``ab``: the dense model, the Gemma4-type model (stock crashes),
-#: a draft model (speculative decoding) and DeepSeek-V3 with its MTP draft (MLA target and draft
-#: graphs; k = 1, the cheapest engine that has both); ``--quick`` runs the first two.
+#: a draft model (speculative decoding), DeepSeek-V3 with its MTP draft (MLA target and draft
+#: graphs; k = 1, the cheapest engine that has both) and Qwen3.5 with its MTP draft (the hybrid
+#: the upstream design was validated on: GDN layers among the attention layers, a prompt chunked
+#: beside speculative decodes); ``--quick`` runs the first two.
 DEFAULT_CASES: tuple[str, ...] = (
     "qwen3/compile/decode-only",
     "gemma4/compile/decode-only",
     "qwen3+eagle3/compile/decode-only",
     "deepseek-v3+mtp/k1/compile/decode-only",
+    "qwen3.5+mtp/k1/compile/decode-only",
 )
 QUICK_CASES: tuple[str, ...] = DEFAULT_CASES[:2]
 
