@@ -278,6 +278,26 @@ def test_tiny_models_are_cached_by_recipe(tmp_path: Path) -> None:
     assert first.name == f"qwen3-{models.MODELS['qwen3'].key()}"
 
 
+QWEN35_TWO_GROUPS = "qwen3.5-two-groups+mtp/k1/compile/decode-only"
+
+
+@pytest.mark.parametrize("arm", ("overlay", "verify"))
+def test_hybrid_tasks_are_keyed_by_their_own_layer(results: dict[str, Any], arm: str) -> None:
+    """Qwen3.5 with its attention layers in two KV-cache groups (plus GDN and MTP keys in the
+    metadata): every owned target graph holds one FIA task per attention layer, each resolved
+    from its own layer's metadata key (stock's sort shifts them by the MTP key), and every draft
+    graph one task, the MTP layer's."""
+    overlay = report.runner(_arm(results, arm)[QWEN35_TWO_GROUPS]).get("overlay") or {}
+    layers = {f"language_model.model.layers.{i}.self_attn.attn" for i in (1, 3)}
+    targets, drafts = overlay.get("target_tasks") or [], overlay.get("draft_tasks") or []
+    assert len(targets) == len(drafts) == 3, overlay  # capture sizes 2, 4, 8
+    for tasks in targets:
+        assert {layer for layer, _, _ in tasks} == layers, tasks
+        assert all(key == layer for layer, key, _ in tasks), tasks
+    for tasks in drafts:
+        assert [(layer, key) for layer, key, _ in tasks] == [("mtp.layers.0.self_attn.attn",) * 2]
+
+
 QWEN35 = "qwen3.5+mtp/k1/compile/decode-only"
 
 
