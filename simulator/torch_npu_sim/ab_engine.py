@@ -48,7 +48,7 @@ _ENGINE_ENV = {
 
 def catalogue() -> dict[str, dict[str, Any]]:
     """Engine case name -> what ``ab --list`` shows and how the command selects it."""
-    from torch_npu_sim.engine.cases import CASES
+    from torch_npu_sim.engine.cases import ALL_CASES
 
     return {
         case.name: {
@@ -59,14 +59,14 @@ def catalogue() -> dict[str, dict[str, Any]]:
             # The release cannot run these in any graph arm (or at all): not an A/B of updates.
             "all": not (case.startup_error or case.overlay_same_as_stock),
         }
-        for case in CASES
+        for case in ALL_CASES
     }
 
 
 def is_engine_case(name: str) -> bool:
-    from torch_npu_sim.engine.cases import CASES
+    from torch_npu_sim.engine.cases import ALL_CASES
 
-    return any(case.name == name for case in CASES)
+    return any(case.name == name for case in ALL_CASES)
 
 
 def _expect(case: Any) -> str:
@@ -82,11 +82,11 @@ def run_cases(names: list[str], spec: dict[str, Any], progress: Any) -> list[dic
     import the overlay (only the worker does), like the rest of the simulator."""
     from torch_npu_sim.engine import arm as engine_arm
     from torch_npu_sim.engine import models
-    from torch_npu_sim.engine.cases import CASES
+    from torch_npu_sim.engine.cases import ALL_CASES
 
     for key, value in _ENGINE_ENV.items():
         os.environ.setdefault(key, value)
-    by_name = {case.name: case for case in CASES}
+    by_name = {case.name: case for case in ALL_CASES}
     graph = spec.get("arm") != "eager"
     seed = int(spec.get("seed", 0))
     chosen = {name: dataclasses.replace(by_name[name], seed=seed) for name in names}

@@ -289,6 +289,23 @@ QWEN35_CASES: tuple[Case, ...] = (
 CASES = CASES + QWEN35_CASES
 CONTROL_CASES = (*CONTROL_CASES, "qwen3.5+mtp/k1/compile/decode-only")
 
+#: Engine cases outside the engine tests' arms (they would cost the suite minutes), run by
+#: ``ab --scenarios NAME`` and ``python -m torch_npu_sim.engine.arms --cases NAME``.
+OPTIONAL_CASES: tuple[Case, ...] = (
+    # Qwen3.5-MoE (routed experts, softmax top 2 of 4, a gated shared expert in every layer),
+    # 3:1, with its MTP layer (vLLM's Qwen3_5MoeMTP).
+    Case(
+        "qwen3.5-moe+mtp/k1/compile/decode-only",
+        model="qwen3_5_moe",
+        draft="qwen3_5_moe",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        capture_sizes=(2, 4, 8),
+        engine=QWEN35_ENGINE,
+    ),
+)
+ALL_CASES: tuple[Case, ...] = CASES + OPTIONAL_CASES
+
 
 def eager_cases(cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     """One eager reference per distinct model (and draft)."""

@@ -85,8 +85,21 @@ SPECIAL = {
 }
 
 
-def config(layer_types: list[str], mtp: bool) -> dict[str, Any]:
-    return {"text": text_config(layer_types), "vision": VISION, "mtp": mtp}
+#: Qwen3.5-MoE's MLP: routed experts (softmax top 2 of 4) and a gated shared expert.
+MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+}
+
+
+def config(layer_types: list[str], mtp: bool, moe: bool = False) -> dict[str, Any]:
+    text = text_config(layer_types)
+    if moe:
+        del text["intermediate_size"]
+        text.update(MOE)
+    return {"text": text, "vision": VISION, "mtp": mtp, "moe": moe}
 
 
 def build(spec: ModelSpec, directory: Path) -> None:
@@ -98,15 +111,17 @@ def build(spec: ModelSpec, directory: Path) -> None:
     from .models import seeded_weights
 
     cfg = spec.config
-    hf_config = transformers.Qwen3_5Config(
+    family = "Qwen3_5Moe" if cfg.get("moe") else "Qwen3_5"
+    hf_config = getattr(transformers, f"{family}Config")(
         text_config=dict(cfg["text"]), vision_config=dict(cfg["vision"]), **SPECIAL
     )
     torch.manual_seed(spec.seed)
-    model = transformers.Qwen3_5ForConditionalGeneration(hf_config).to(torch.float32)
+    model_cls = getattr(transformers, f"{family}ForConditionalGeneration")
+    model = model_cls(hf_config).to(torch.float32)
     seeded_weights(model, spec.seed, branch_scale=spec.branch_scale)
-    with torch.no_grad():  # the GDN branches too (seeded_weights scales o_proj / down_proj)
+    with torch.no_grad():  # the GDN and fused-expert branches too (seeded_weights: *.weight)
         for name, param in model.named_parameters():
-            if name.endswith("linear_attn.out_proj.weight"):
+            if name.endswith(("linear_attn.out_proj.weight", "mlp.experts.down_proj")):
                 param.mul_(spec.branch_scale)
     model.save_pretrained(directory, safe_serialization=True)
     save_tokenizer(directory)
@@ -115,7 +130,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
     weights = directory / "model.safetensors"
     tensors = load_file(weights)
     generator = torch.Generator().manual_seed(spec.seed + 1)
-    tensors.update(_guessing_mtp(tensors, generator))
+    tensors.update(_guessing_mtp(tensors, generator, bool(cfg.get("moe"))))
     save_file(tensors, weights, metadata={"format": "pt"})
     config_file = directory / "config.json"
     data = json.loads(config_file.read_text())
@@ -123,7 +138,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
     config_file.write_text(json.dumps(data, indent=1))
 
 
-def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
+def _guessing_mtp(target: dict[str, Any], generator: Any, moe: bool) -> dict[str, Any]:
     """The MTP tensors (see the module docstring). Qwen3.5's norms scale by ``1 + weight``."""
     import torch
 
@@ -143,7 +158,26 @@ def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
         )
     zeros = torch.zeros(h)
     p, a = "mtp.layers.0.", "mtp.layers.0.self_attn."
+    if moe:  # a silent MoE block: no expert and no shared expert adds anything
+        e, inter = MOE["num_experts"], MOE["moe_intermediate_size"]
+        shared = MOE["shared_expert_intermediate_size"]
+        mlp = {
+            p + "mlp.gate.weight": torch.zeros(e, h),
+            p + "mlp.experts.gate_up_proj": torch.zeros(e, 2 * inter, h),
+            p + "mlp.experts.down_proj": torch.zeros(e, h, inter),
+            p + "mlp.shared_expert.gate_proj.weight": torch.zeros(shared, h),
+            p + "mlp.shared_expert.up_proj.weight": torch.zeros(shared, h),
+            p + "mlp.shared_expert.down_proj.weight": torch.zeros(h, shared),
+            p + "mlp.shared_expert_gate.weight": torch.zeros(1, h),
+        }
+    else:
+        mlp = {
+            p + "mlp.gate_proj.weight": torch.zeros(INTER, h),
+            p + "mlp.up_proj.weight": torch.zeros(INTER, h),
+            p + "mlp.down_proj.weight": torch.zeros(h, INTER),
+        }
     return {
+        **mlp,
         "mtp.fc.weight": torch.cat([0.1 * torch.eye(h), torch.zeros(h, h)], 1),
         "mtp.pre_fc_norm_embedding.weight": zeros.clone(),
         "mtp.pre_fc_norm_hidden.weight": zeros.clone(),
@@ -157,9 +191,6 @@ def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
         a + "k_norm.weight": torch.zeros(HEAD_DIM),
         p + "input_layernorm.weight": zeros.clone(),
         p + "post_attention_layernorm.weight": zeros.clone(),
-        p + "mlp.gate_proj.weight": torch.zeros(INTER, h),
-        p + "mlp.up_proj.weight": torch.zeros(INTER, h),
-        p + "mlp.down_proj.weight": torch.zeros(h, INTER),
     }
 
 
@@ -173,4 +204,11 @@ QWEN35 = ModelSpec(
 #: beside 2 GDN layers form two attention groups (layers 1 + MTP; layer 3).
 QWEN35_TWO_GROUPS = ModelSpec(
     "qwen3_5_two_groups", build, config([LINEAR, FULL, LINEAR, FULL], mtp=True), branch_scale=0.5
+)
+#: Qwen3.5-MoE (routed and shared experts in every layer), 3:1, with its MTP layer.
+QWEN35_MOE = ModelSpec(
+    "qwen3_5_moe",
+    build,
+    config([LINEAR, LINEAR, LINEAR, FULL], mtp=True, moe=True),
+    branch_scale=0.5,
 )
