@@ -38,8 +38,13 @@ GRAPH_ARMS = ("stock", "overlay", "verify")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("engine")
+def engine_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="module")
+def results(engine_root: Path) -> Iterator[dict[str, Any]]:
+    root = engine_root
     model_root = root / "models"
     for name in sorted({m for c in cases.CASES for m in (c.model, c.draft) if m}):
         models.materialize(name, model_root)
@@ -84,6 +89,15 @@ def _failures(rows: list[str]) -> str:
     return "\n".join(["case | arm | what", "--- | --- | ---", *rows])
 
 
+#: The arms whose updates are stock's: where stock is known to be wrong, they are too.
+STOCK_UPDATES = ("stock", "verify")
+
+
+def _stock_wrong(case: cases.Case, arm: str) -> bool:
+    """Stock's update is known to give wrong values on ``case`` and ``arm`` applies it."""
+    return case.stock.startswith("wrong: ") and arm in STOCK_UPDATES
+
+
 def _expected_error(case: cases.Case, arm: str) -> str | None:
     """The error ``arm`` must fail with on ``case`` (None: it must run)."""
     if case.startup_error:
@@ -104,6 +118,9 @@ def _check_outcome(record: dict[str, Any], case: cases.Case, arm: str, reference
         return "" if found else f"expected {expected!r}, got {error}"
     if error:
         return f"crashed: {error}"
+    if _stock_wrong(case, arm):  # its tokens must show it, or the case proves nothing
+        same = reference is not None and record["tokens"] == reference
+        return "tokens equal eager's although stock is known to be wrong here" if same else ""
     if reference is not None and record["tokens"] != reference:
         return f"tokens {record['tokens']} != eager {reference}"
     return ""
@@ -186,6 +203,8 @@ def test_verify_finds_no_mismatch_where_stock_is_right(results: dict[str, Any]) 
             bad.append(f"{case.name} | verify | {mismatches} mismatches, stock failed {failed}")
         if case.stock.startswith("crash") and not failed:
             bad.append(f"{case.name} | verify | stock is known to crash but no dry run failed")
+        if case.stock.startswith("wrong") and not mismatches:
+            bad.append(f"{case.name} | verify | stock is known to be wrong but no mismatch seen")
     assert not bad, _failures(bad)
 
 
@@ -197,8 +216,8 @@ def test_drafts_report_acceptance_equal_to_eager(results: dict[str, Any]) -> Non
             bad.append(f"{case.name} | eager | no draft token accepted: {reference}")
             continue
         for arm in GRAPH_ARMS:
-            if _expected_error(case, arm):
-                continue  # a known crash (covered by the tokens test)
+            if _expected_error(case, arm) or _stock_wrong(case, arm):
+                continue  # a known crash or wrong update (covered by the tokens test)
             spec = (_arm(results, arm).get(case.name) or {}).get("spec") or {}
             same = all(spec.get(k) == reference[k] for k in ("accepted_tokens", "draft_tokens"))
             if not same:
@@ -257,3 +276,62 @@ def test_tiny_models_are_cached_by_recipe(tmp_path: Path) -> None:
     assert models.materialize("qwen3", tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert first.name == f"qwen3-{models.MODELS['qwen3'].key()}"
+
+
+QWEN35_TWO_GROUPS = "qwen3.5-two-groups+mtp/k1/compile/decode-only"
+
+
+@pytest.mark.parametrize("arm", ("overlay", "verify"))
+def test_hybrid_tasks_are_keyed_by_their_own_layer(results: dict[str, Any], arm: str) -> None:
+    """Qwen3.5 with its attention layers in two KV-cache groups (plus GDN and MTP keys in the
+    metadata): every owned target graph holds one FIA task per attention layer, each resolved
+    from its own layer's metadata key (stock's sort shifts them by the MTP key), and every draft
+    graph one task, the MTP layer's."""
+    overlay = report.runner(_arm(results, arm)[QWEN35_TWO_GROUPS]).get("overlay") or {}
+    layers = {f"language_model.model.layers.{i}.self_attn.attn" for i in (1, 3)}
+    targets, drafts = overlay.get("target_tasks") or [], overlay.get("draft_tasks") or []
+    assert len(targets) == len(drafts) == 3, overlay  # capture sizes 2, 4, 8
+    for tasks in targets:
+        assert {layer for layer, _, _ in tasks} == layers, tasks
+        assert all(key == layer for layer, key, _ in tasks), tasks
+    for tasks in drafts:
+        assert [(layer, key) for layer, key, _ in tasks] == [("mtp.layers.0.self_attn.attn",) * 2]
+
+
+QWEN35 = "qwen3.5+mtp/k1/compile/decode-only"
+
+
+def test_qwen35_eager_tokens_equal_transformers(results: dict[str, Any], engine_root: Path) -> None:
+    """Whole-model oracle of the GDN references: the engine's eager Qwen3.5 (with its MTP draft:
+    speculative decoding is lossless) gives transformers 5.5.4's greedy tokens (its own torch
+    implementation of the conv, the gating and the delta rule) for every request, the one whose
+    prompt was chunked beside running decodes included."""
+    import random
+
+    import torch
+    import transformers
+
+    from torch_npu_sim.engine.workload import VllmWorkload
+
+    case = next(c for c in cases.CASES if c.name == QWEN35)
+    record = _arm(results, "eager")[case.reference]
+    assert not record.get("error"), record.get("error")
+    directory = models.materialize(case.model, engine_root / "models")
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+        directory, dtype=torch.float32
+    ).eval()
+    batch = VllmWorkload(case, graph=False).next_batch(random.Random(case.seed))
+    want = []
+    for request in batch:
+        prompt = torch.tensor([request.prompt])
+        n = request.max_tokens
+        out = model.generate(
+            prompt,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        want.append(out[0, prompt.shape[1] :].tolist())
+    assert record["tokens"][0] == want

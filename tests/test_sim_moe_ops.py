@@ -165,4 +165,5 @@ def test_c_ascend_ops_are_defined_and_run() -> None:
         active_expert_range=[0, 6],
     )
     assert routed[2].sum() == 8
-    assert not hasattr(torch.ops._C_ascend, "npu_fused_gdn_gating")
+    # any other op still fails loudly (the GDN ops are engine/gdn_path.py's: test_sim_gdn_ops.py)
+    assert not hasattr(torch.ops._C_ascend, "chunk_fwd_o")

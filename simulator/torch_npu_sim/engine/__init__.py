@@ -17,10 +17,11 @@ def apply() -> None:
     Also arms the tests' negative control and the one-rank fault when their variables are set
     (see ``control`` and ``rank_fault``).
     """
-    from . import ascend_c_ops, control, rank_fault, repairs, shims
+    from . import ascend_c_ops, control, gdn_path, rank_fault, repairs, shims
 
     control.install()
     rank_fault.install()
     shims.apply()
     ascend_c_ops.install()
+    gdn_path.install()  # Gated DeltaNet (Qwen3.5): its own ops, kernels and shims
     repairs.install()

@@ -308,6 +308,12 @@ def _overlay_here() -> dict[str, Any] | None:
             for g in REGISTRY.graphs()
             if g.role == "draft"
         ],
+        # the same for each owned target graph (hybrid cases: each task keyed by its own layer)
+        "target_tasks": [
+            [[t.layer_name, t.metadata_key, t.step] for t in g.tasks]
+            for g in REGISTRY.graphs()
+            if g.role == "target"
+        ],
         "mode": snap.get("mode"),
         "graphs_owned": snap.get("graphs_owned", 0),
         "tasks_per_kind": snap.get("tasks_per_kind") or {},

@@ -187,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     model_root = Path(args.models) if args.models else out / "models"
-    chosen = tuple(c for c in CASES if not args.cases or c.name in args.cases.split(","))
+    from .cases import ALL_CASES
+
+    chosen = tuple(
+        c for c in ALL_CASES if c.name in args.cases.split(",") or (not args.cases and c in CASES)
+    )
     for name in {m for c in chosen for m in (c.model, c.draft) if m}:
         models.materialize(name, model_root)
     results = run_arms(out, model_root, args.arms.split(","), chosen)

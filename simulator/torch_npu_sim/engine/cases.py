@@ -244,6 +244,69 @@ CONTROL_CASES: tuple[str, ...] = (
 )
 
 
+# --------------------------------------------------------------------------------------------
+# Qwen3.5: Gated DeltaNet linear-attention layers between gated full-attention layers, with its
+# MTP layer as the draft (vLLM's Qwen3_5MTP through vllm-ascend's Eagle proposer). The GDN layers
+# capture no updatable task; their metadata keys sit after the attention keys in
+# ``attn_metadata`` (model_runner_v1.py:4923). ``max_num_batched_tokens`` 20 chunks a long
+# prompt beside running decodes (each decode step takes k + 1 = 2 tokens per request). With 16
+# or 24, one prompt's last chunk is exactly k + 1 tokens, which the release folds into the
+# speculative path from the wrong state slot (docs/engine.md): eager and graphs alike differ from
+# transformers there, so those budgets would hide nothing the graph tests look at, but the
+# whole-model oracle would fail on the release's fold rather than on the references.
+
+QWEN35_ENGINE: dict[str, Any] = {"language_model_only": True, "max_num_batched_tokens": 20}
+
+#: Stock's FIA update with ``method == "mtp"`` sorts every ``layers.N.self_attn.attn`` key, the
+#: MTP layer's (``mtp.layers.0``, number 0) included, and zips them with the target's tasks by
+#: position: every task reads the key before its own. Where the attention layers span two
+#: KV-cache groups, layer 3 replays with layer 1's group's block table.
+QWEN35_TWO_GROUPS_WRONG = (
+    "wrong: layer 3's FIA task is updated with the MTP key's (the other KV group's) block table"
+)
+
+QWEN35_CASES: tuple[Case, ...] = (
+    Case(
+        "qwen3.5+mtp/k1/compile/decode-only",
+        model="qwen3_5",
+        draft="qwen3_5",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        capture_sizes=(2, 4, 8),
+        engine=QWEN35_ENGINE,
+    ),
+    Case(
+        "qwen3.5-two-groups+mtp/k1/compile/decode-only",
+        model="qwen3_5_two_groups",
+        draft="qwen3_5_two_groups",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        capture_sizes=(2, 4, 8),
+        engine=QWEN35_ENGINE,
+        stock=QWEN35_TWO_GROUPS_WRONG,
+    ),
+)
+CASES = CASES + QWEN35_CASES
+CONTROL_CASES = (*CONTROL_CASES, "qwen3.5+mtp/k1/compile/decode-only")
+
+#: Engine cases outside the engine tests' arms (they would cost the suite minutes), run by
+#: ``ab --scenarios NAME`` and ``python -m torch_npu_sim.engine.arms --cases NAME``.
+OPTIONAL_CASES: tuple[Case, ...] = (
+    # Qwen3.5-MoE (routed experts, softmax top 2 of 4, a gated shared expert in every layer),
+    # 3:1, with its MTP layer (vLLM's Qwen3_5MoeMTP).
+    Case(
+        "qwen3.5-moe+mtp/k1/compile/decode-only",
+        model="qwen3_5_moe",
+        draft="qwen3_5_moe",
+        draft_method="mtp",
+        num_speculative_tokens=1,
+        capture_sizes=(2, 4, 8),
+        engine=QWEN35_ENGINE,
+    ),
+)
+ALL_CASES: tuple[Case, ...] = CASES + OPTIONAL_CASES
+
+
 def eager_cases(cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     """One eager reference per distinct model (and draft)."""
     seen: dict[str, Case] = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
+from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
 
 
@@ -353,5 +354,10 @@ MODELS: dict[str, ModelSpec] = {
         STEP3P5,
         # DeepSeek-V3 (MLA, a dense and a MoE layer) with its MTP layer (its own module).
         DEEPSEEK_V3,
+        # Qwen3.5 (Gated DeltaNet + gated full attention) with its MTP layer (its own module):
+        # the real 3:1 pattern, and a layout whose attention layers span two KV-cache groups.
+        QWEN35,
+        QWEN35_TWO_GROUPS,
+        QWEN35_MOE,
     )
 }
