@@ -55,6 +55,26 @@ def test_custom_ops_get_a_cpu_kernel_only_for_the_npu_key() -> None:
     assert torch.equal(torch.ops.simshimtest.triple(torch.ones(2)), torch.full((2,), 3.0))
 
 
+def test_context_chunk_buffers_are_allocated_unpinned_inside_the_shim_only() -> None:
+    """``AscendMLAMetadataBuilder.build_chunked_metadata`` (a prefill chunk with context) asks
+    ``torch.zeros`` for pinned memory: CPU torch refuses it (what stopped the engine before the
+    shim), the shim's call drops the request for that call only."""
+    import importlib
+
+    with pytest.raises(RuntimeError, match="PrivateUse1HooksInterface"):
+        torch.zeros(2, pin_memory=True)
+    importlib.import_module("vllm_ascend.ops")  # import order (circular import otherwise)
+    mla_v1 = importlib.import_module("vllm_ascend.attention.mla_v1")
+    assert getattr(mla_v1.AscendMLAMetadataBuilder.build_chunked_metadata, hooks.MARK, False)
+
+    def chunk_lengths(rows: int) -> torch.Tensor:
+        return torch.zeros(rows, 3, dtype=torch.int32, pin_memory=True)
+
+    assert shims._unpinned(chunk_lengths, (2,), {}).tolist() == [[0, 0, 0], [0, 0, 0]]
+    with pytest.raises(RuntimeError, match="PrivateUse1HooksInterface"):
+        chunk_lengths(2)  # the mode ended with the call
+
+
 def test_no_shim_without_the_simulator(tmp_path: Path) -> None:
     """A real torch_npu on the path: the finder refuses, install() never runs, nothing is
     shimmed (a stand-in package plays the real torch_npu; no vLLM import needed)."""
