@@ -4,6 +4,7 @@ matches the kernel's statement; the post-import hooks act whatever the import or
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -73,6 +74,15 @@ def test_context_chunk_buffers_are_allocated_unpinned_inside_the_shim_only() -> 
     assert shims._unpinned(chunk_lengths, (2,), {}).tolist() == [[0, 0, 0], [0, 0, 0]]
     with pytest.raises(RuntimeError, match="PrivateUse1HooksInterface"):
         chunk_lengths(2)  # the mode ended with the call
+    # what it built is counted, and whether the builder's batch had decodes (bound as
+    # hooks.wrap binds it), for the engine tests' check that a case chunked beside decodes
+    before = dict(shims.CONTEXT_CHUNK_STEPS)
+    for decodes in (0, 3):
+        builder = types.SimpleNamespace(num_decodes=decodes)
+        shims._unpinned(functools.partial(lambda _builder: chunk_lengths(1), builder), (), {})
+    counted = dict(shims.CONTEXT_CHUNK_STEPS)
+    assert counted["with_context"] == before["with_context"] + 2
+    assert counted["beside_decodes"] == before["beside_decodes"] + 1
 
 
 def test_no_shim_without_the_simulator(tmp_path: Path) -> None:

@@ -136,9 +136,10 @@ def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     with _no_pinning_mode()():
         result = call(*args, **kwargs)
     if result is not None:
-        builder = call.args[0]  # hooks.wrap binds the builder: functools.partial(method, self)
+        # hooks.wrap binds the builder as functools.partial(method, builder)
+        builder = getattr(call, "args", (None,))[0]
         CONTEXT_CHUNK_STEPS["with_context"] += 1
-        CONTEXT_CHUNK_STEPS["beside_decodes"] += builder.num_decodes > 0
+        CONTEXT_CHUNK_STEPS["beside_decodes"] += getattr(builder, "num_decodes", 0) > 0
     return result
 
 
