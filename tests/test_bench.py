@@ -126,10 +126,88 @@ def test_mtp_point_is_a_draft_update(mocker):
     assert AscendAttentionBackendImpl.update_graph_params is not real
 
 
+ATTN = "language_model.model.layers.{}.self_attn.attn"
+
+
+@pytest.fixture
+def verify_interceptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's interceptors on what stock's FIA update calls, as verify mode installs them."""
+    import torch
+    import torch_npu
+
+    from ascend_graph_patch.aspects import verify
+
+    for target, wrapper in (
+        ((torch_npu.npu_fused_infer_attention_score, "out"), verify.fia_out),
+        ((torch.npu, "graph_task_update_begin"), verify.update_begin),
+        ((torch.npu, "graph_task_update_end"), verify.update_end),
+    ):
+        real = getattr(*target)
+        monkeypatch.setattr(*target, lambda *a, _w=wrapper, _r=real, **k: _w(_r, None, a, k))
+
+
+def test_hybrid_point_drives_stock_as_the_release_drives_an_mtp_hybrid(
+    mocker, verify_interceptors
+) -> None:
+    """The hybrid kind's metadata as v1 lays out a Qwen3.5 + MTP target's: the attention keys
+    first, the MTP draft's key in their group (one object), then three GDN keys per attention
+    key, group by group as vLLM groups them; stock is called with method "mtp". Stock then
+    binds the MTP key to the first task and every task to the previous layer's key (its
+    ``_ATTN_KEYS_BUFFER``), which is harmless here (one object): verify's comparison of stock's
+    update with the overlay's finds nothing. Negative control: the MTP key on another object (a
+    draft in a KV group of its own) and stock's first task reads it: verify reports that task."""
+    import copy
+
+    from ascend_graph_patch.aspects import verify
+    from ascend_graph_patch.aspects.capture import current_role
+    from ascend_graph_patch.core.graph import TargetSource
+    from ascend_graph_patch.core.registry import REGISTRY
+    from ascend_graph_patch.lines.v0_23 import LINE
+
+    core._prepare()  # imports vllm_ascend in its working order (attention_v1 alone is circular)
+    from vllm_ascend.attention import attention_v1
+
+    engine = core._engine(core.KINDS[core.HYBRID_KIND](3, (4,)))
+    seen = []
+    real = core._stock_update()
+    mocker.patch.object(core, "_stock_update", return_value=lambda *a: seen.append(a) or real(*a))
+    try:
+        with core.point_calls(engine, core.HYBRID_KIND, 3, 4) as (point, calls):
+            calls["stock"]()
+            args = seen[-1]
+            fc, spec = args[1], args[4]
+            metadata = fc.attn_metadata
+            owned = REGISTRY.lookup(current_role(fc), fc.batch_descriptor)
+            assert owned is not None
+            dry, error = verify.dry_run(real, args, {})
+            assert error is None
+            problems = verify.compare(owned.resolve(TargetSource(metadata)), dry, LINE.layouts)
+            buffer = list(attention_v1._ATTN_KEYS_BUFFER)
+            moved = copy.copy(metadata[core.HYBRID_MTP_KEY])
+            moved.seq_lens_list = [n + 1 for n in moved.seq_lens_list]
+            metadata[core.HYBRID_MTP_KEY] = moved
+            dry, error = verify.dry_run(real, args, {})
+            wrong = verify.compare(owned.resolve(TargetSource(metadata)), dry, LINE.layouts)
+    finally:
+        engine.close()
+    assert point.tasks == 3 and point.steps == 1
+    assert spec.method == "mtp"
+    keys = list(metadata)
+    attention = [ATTN.format(4 * i + 3) for i in range(3)]
+    assert keys[:4] == [*attention, core.HYBRID_MTP_KEY]
+    linear = keys[4:]
+    assert len(linear) == 3 * len(attention) and all(k.endswith(".linear_attn") for k in linear)
+    assert len({id(metadata[k]) for k in linear}) == 3  # 9 GDN layers in groups of 4: 3 groups
+    assert buffer == [core.HYBRID_MTP_KEY, *attention[:2]]  # shifted by one: the MTP key first
+    assert problems == []
+    assert len(wrong) == 1 and ATTN.format(3) in wrong[0] and "actual_seq_lengths_kv" in wrong[0]
+
+
 def test_kind_aliases():
     assert command._kind("mtp") == command._kind(" MTP k=3 ") == core.MTP_KIND
     assert command._kind("mla") == core.MLA_KIND
     assert command._kind("mla+mtp") == command._kind("MLA+MTP k=3") == core.MLA_MTP_KIND
+    assert command._kind("hybrid") == command._kind("hybrid+mtp") == core.HYBRID_KIND
     assert command._kind("fia-v2") == "FIA-v2" and command._kind("nope") == "nope"
 
 

@@ -126,6 +126,20 @@ def test_the_committed_baseline_is_one(tmp_path: Path) -> None:
     assert data["points"] and all(k.count("|") == 2 for k in data["points"])
 
 
+def test_the_committed_baseline_covers_every_kind_at_the_quick_points() -> None:
+    """``--check`` can guard a kind only where the baseline has its rows: every kind (the
+    hybrid one included) at every ``--quick`` point, with both ratios."""
+    points = baseline.load(baseline.DEFAULT)["points"]
+    missing = [
+        f"{kind}|{layers}|{batch}"
+        for kind in core.KINDS
+        for layers in core.QUICK_LAYERS
+        for batch in core.QUICK_BATCHES
+        if not {"vs_stock", "vs_floor"} <= set(points.get(f"{kind}|{layers}|{batch}") or {})
+    ]
+    assert missing == []
+
+
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

@@ -246,6 +246,34 @@ def test_step3p5_draft_tasks_read_their_own_kv_group(results: dict[str, Any], ar
         assert sorted(map(tuple, tasks)) == want, (tasks, groups)
 
 
+CHUNKED = "deepseek-v3/chunked-prefill/compile/decode-only"
+
+
+def test_chunked_case_prefills_with_context_beside_running_decodes(
+    results: dict[str, Any],
+) -> None:
+    """The MLA chunked-prefill case did what it is for, in every arm: prefill chunks attending
+    to their prompt's earlier chunks (AscendMLAImpl's context path), in batches with running
+    decodes, and decode graphs replayed after them. The same figure on the case without a
+    chunk budget is zero: it tells the two apart."""
+    case = next(c for c in cases.CASES if c.name == CHUNKED)
+    bad = []
+    for arm in ("eager", *GRAPH_ARMS, "control"):
+        figures = report.runner(_arm(results, arm)[case.reference if arm == "eager" else CHUNKED])
+        chunks = figures.get("mla_context_chunks") or {}
+        replays = (figures.get("sim") or {}).get("replays")
+        if not chunks.get("with_context") or not chunks.get("beside_decodes"):
+            bad.append(f"{CHUNKED} | {arm} | no context chunk beside decodes: {chunks}")
+        if arm != "eager" and not replays:
+            bad.append(f"{CHUNKED} | {arm} | no decode graph replayed")
+    plain = report.runner(_arm(results, "stock")["deepseek-v3/compile/decode-only"])
+    if plain.get("mla_context_chunks") != {"with_context": 0, "beside_decodes": 0}:
+        bad.append(
+            f"deepseek-v3 | stock | context chunks counted: {plain.get('mla_context_chunks')}"
+        )
+    assert not bad, _failures(bad)
+
+
 def test_negative_control_differs_from_eager(results: dict[str, Any]) -> None:
     """Relaunches skipped, events still recorded: the outcome must change, or the tests above
     could not fail. Other tokens; or an error where a task replayed with its captured arguments

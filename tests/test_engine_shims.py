@@ -4,6 +4,7 @@ matches the kernel's statement; the post-import hooks act whatever the import or
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -55,6 +56,35 @@ def test_custom_ops_get_a_cpu_kernel_only_for_the_npu_key() -> None:
     direct_register_custom_op("triple", triple, target_lib=lib, dispatch_key="CPU")
     # A CPU registration stays the caller's own (a second CPU kernel would be refused).
     assert torch.equal(torch.ops.simshimtest.triple(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_context_chunk_buffers_are_allocated_unpinned_inside_the_shim_only() -> None:
+    """``AscendMLAMetadataBuilder.build_chunked_metadata`` (a prefill chunk with context) asks
+    ``torch.zeros`` for pinned memory: CPU torch refuses it (what stopped the engine before the
+    shim), the shim's call drops the request for that call only."""
+    import importlib
+
+    with pytest.raises(RuntimeError, match="PrivateUse1HooksInterface"):
+        torch.zeros(2, pin_memory=True)
+    importlib.import_module("vllm_ascend.ops")  # import order (circular import otherwise)
+    mla_v1 = importlib.import_module("vllm_ascend.attention.mla_v1")
+    assert getattr(mla_v1.AscendMLAMetadataBuilder.build_chunked_metadata, hooks.MARK, False)
+
+    def chunk_lengths(rows: int) -> torch.Tensor:
+        return torch.zeros(rows, 3, dtype=torch.int32, pin_memory=True)
+
+    assert shims._unpinned(chunk_lengths, (2,), {}).tolist() == [[0, 0, 0], [0, 0, 0]]
+    with pytest.raises(RuntimeError, match="PrivateUse1HooksInterface"):
+        chunk_lengths(2)  # the mode ended with the call
+    # what it built is counted, and whether the builder's batch had decodes (bound as
+    # hooks.wrap binds it), for the engine tests' check that a case chunked beside decodes
+    before = dict(shims.CONTEXT_CHUNK_STEPS)
+    for decodes in (0, 3):
+        builder = types.SimpleNamespace(num_decodes=decodes)
+        shims._unpinned(functools.partial(lambda _builder: chunk_lengths(1), builder), (), {})
+    counted = dict(shims.CONTEXT_CHUNK_STEPS)
+    assert counted["with_context"] == before["with_context"] + 2
+    assert counted["beside_decodes"] == before["beside_decodes"] + 1
 
 
 def test_no_shim_without_the_simulator(tmp_path: Path) -> None:

@@ -361,3 +361,182 @@ def test_mla_spec_decode_attention_is_causal_within_a_request(gen) -> None:
         actual_seq_kvlen=[5, 10],
     )
     assert not torch.allclose(stale, out)
+
+
+# --------------------------------------------------------------------------------------------
+# a long prefill's context chunks (AscendMLAImpl._forward_prefill / _compute_prefill_context)
+
+
+def _paged(gen: torch.Generator, blocks: int, bs: int, width: int) -> torch.Tensor:
+    return torch.randn(blocks, bs, 1, width, generator=gen)
+
+
+def gather_oracle(cache: torch.Tensor, row: list[int], start: int, length: int) -> torch.Tensor:
+    """One sequence's tokens: its blocks laid end to end in block-table order, then sliced."""
+    laid = torch.cat([cache[block] for block in row])  # (len(row) * block_size, N, D)
+    return laid[start : start + length]
+
+
+def test_paged_cache_load_gathers_each_sequence_from_its_blocks(gen: torch.Generator) -> None:
+    """Key and value caches of different widths (the latent and the key rope), three sequences
+    with shuffled blocks, a start offset each (context chunk 1 starts one block in), one empty:
+    sequence after sequence, as the blocks laid end to end hold them."""
+    bs, latent, rope = 4, 6, 3
+    k_cache, v_cache = _paged(gen, 9, bs, latent), _paged(gen, 9, bs, rope)
+    table = torch.tensor([[3, 7, 1, 0], [8, 2, 5, 6], [4, 0, 0, 0]], dtype=torch.int32)
+    lens, starts = [6, 9, 0], [4, 2, 0]
+    key, value = mla_ops.npu_paged_cache_load(
+        k_cache,
+        v_cache,
+        table,
+        torch.tensor(lens, dtype=torch.int32),
+        seq_starts=torch.tensor(starts, dtype=torch.int32),
+    )
+    rows = table.tolist()
+    for got, cache in ((key, k_cache), (value, v_cache)):
+        want = torch.cat(
+            [gather_oracle(cache, r, s, n) for r, s, n in zip(rows, starts, lens, strict=True)]
+        )
+        assert torch.equal(got, want)
+    # cumulative lengths, no starts: the same tokens from position 0
+    cum = torch.tensor([0, 6, 15, 15], dtype=torch.int32)
+    key0, _ = mla_ops.npu_paged_cache_load(k_cache, v_cache, table, cum, cumsum=True)
+    want0 = torch.cat([gather_oracle(k_cache, r, 0, n) for r, n in zip(rows, lens, strict=True)])
+    assert torch.equal(key0, want0)
+
+
+def test_paged_cache_load_out_overload_is_what_vllm_ascend_calls(gen: torch.Generator) -> None:
+    """``torch_npu.atb.npu_paged_cache_load(..., key=, value=)`` (``kv_cache_load`` on A2) runs
+    the ``.out`` overload into the given buffers; a buffer of the wrong length is an error."""
+    import torch_npu
+
+    bs = 4
+    k_cache, v_cache = _paged(gen, 5, bs, 6), _paged(gen, 5, bs, 3)
+    table = torch.tensor([[2, 4, 1], [3, 0, 0]], dtype=torch.int32)
+    lens, starts = torch.tensor([5, 3], dtype=torch.int32), torch.tensor([4, 0], dtype=torch.int32)
+    key, value = torch.full((8, 1, 6), float("nan")), torch.full((8, 1, 3), float("nan"))
+    out = torch_npu.atb.npu_paged_cache_load(
+        k_cache, v_cache, table, lens, seq_starts=starts, key=key, value=value
+    )
+    assert out[0] is key and out[1] is value
+    want = torch.cat([gather_oracle(k_cache, [2, 4, 1], 4, 5), gather_oracle(k_cache, [3], 0, 3)])
+    assert torch.equal(key, want)
+    with pytest.raises(ValueError, match="7 tokens into 8"):
+        mla_ops.npu_paged_cache_load_out(
+            k_cache,
+            v_cache,
+            table,
+            lens - torch.tensor([1, 0], dtype=torch.int32),
+            key=key,
+            value=value,
+        )
+
+
+def causal_mla_oracle(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    value: torch.Tensor,
+    context: int,
+    scale: float,
+) -> torch.Tensor:
+    """One request's chunk of queries (positions ``context ..``) over all its keys so far, in
+    float64: query row i sees keys ``0 .. context + i``; scores = nope part + rope part."""
+    t, keys = q_nope.shape[0], k_nope.shape[0]
+    scores = torch.einsum("thd,khd->htk", q_nope.double(), k_nope.double())
+    scores = scores + torch.einsum("thd,khd->htk", q_pe.double(), k_pe.double())
+    visible = torch.arange(keys)[None, :] <= context + torch.arange(t)[:, None]
+    scores = (scores * scale).masked_fill(~visible, float("-inf"))
+    return torch.einsum("htk,khd->thd", torch.softmax(scores, -1), value.double())
+
+
+def test_prefill_chunk_with_context_equals_causal_attention_over_the_whole(gen) -> None:
+    """``_forward_prefill`` then ``_compute_prefill_context`` as vllm-ascend calls the ops for
+    two prefill requests whose earlier chunks are in the paged latent cache: FIA over the chunk
+    itself (TND, causal: sparse mode 3), the context loaded by ``npu_paged_cache_load`` from a
+    block-aligned start, expanded by ``kv_b_proj`` (here a matrix), FIA over it (TND, sparse mode
+    0, cumulative KV ends), the two merged by ``npu_attention_update``: equal to causal attention
+    over context and chunk together (float64). Without the context part it is not."""
+    import torch_npu
+
+    heads, nope, rope, dv, latent, bs, scale = 2, 8, 4, 8, 12, 4, 0.3
+    contexts, chunks = [8, 5], [3, 4]
+    table = torch.tensor([[5, 2, 7], [1, 6, 3]], dtype=torch.int32)
+    latent_cache = _paged(gen, 8, bs, latent)
+    rope_cache = _paged(gen, 8, bs, rope)
+    kv_b = torch.randn(latent, heads * (nope + dv), generator=gen) / latent**0.5
+    q_nope = torch.randn(sum(chunks), heads, nope, generator=gen)
+    q_pe = torch.randn(sum(chunks), heads, rope, generator=gen)
+    k_nope = torch.randn(sum(chunks), heads, nope, generator=gen)
+    k_pe = torch.randn(sum(chunks), 1, rope, generator=gen).expand(-1, heads, -1)
+    v = torch.randn(sum(chunks), heads, dv, generator=gen)
+    ends = torch.cumsum(torch.tensor(chunks), 0).tolist()
+    common = dict(num_heads=heads, num_key_value_heads=heads, input_layout="TND", scale=scale)
+    mask = torch.triu(torch.ones(2048, 2048), diagonal=1).to(torch.int8)
+    prefix_out, prefix_lse = torch_npu.npu_fused_infer_attention_score(
+        q_nope,
+        k_nope,
+        v,
+        query_rope=q_pe,
+        key_rope=k_pe.contiguous(),
+        atten_mask=mask,
+        sparse_mode=3,
+        softmax_lse_flag=True,
+        actual_seq_lengths=ends,
+        actual_seq_lengths_kv=list(ends),
+        **common,
+    )
+    total = sum(contexts)
+    loaded_latent, loaded_rope = torch.empty(total, 1, latent), torch.empty(total, 1, rope)
+    torch_npu.atb.npu_paged_cache_load(
+        latent_cache,
+        rope_cache,
+        table,
+        torch.tensor(contexts, dtype=torch.int32),
+        seq_starts=torch.zeros(2, dtype=torch.int32),  # context chunk 0 of one
+        key=loaded_latent,
+        value=loaded_rope,
+    )
+    kv = (loaded_latent.squeeze(1) @ kv_b).view(total, heads, nope + dv)
+    ctx_nope, ctx_v = kv.split([nope, dv], -1)
+    ctx_pe = loaded_rope.expand(-1, heads, -1)
+    chunk_out, chunk_lse = torch_npu.npu_fused_infer_attention_score(
+        q_nope,
+        ctx_nope.contiguous(),
+        ctx_v.contiguous(),
+        query_rope=q_pe,
+        key_rope=ctx_pe.contiguous(),
+        atten_mask=None,
+        sparse_mode=0,
+        softmax_lse_flag=True,
+        actual_seq_lengths=ends,
+        actual_seq_lengths_kv=torch.cumsum(torch.tensor(contexts), 0).tolist(),
+        **common,
+    )
+    rows = sum(chunks) * heads
+    merged, _ = torch_npu.npu_attention_update(
+        (prefix_lse.float().reshape(rows), chunk_lse.float().reshape(rows)),
+        (prefix_out.float().reshape(rows, dv), chunk_out.float().reshape(rows, dv)),
+        0,
+    )
+    merged = merged.view(sum(chunks), heads, dv)
+    q_start = 0
+    for req, (ctx, chunk) in enumerate(zip(contexts, chunks, strict=True)):
+        row = table[req].tolist()
+        past_latent = gather_oracle(latent_cache, row, 0, ctx).squeeze(1).double()
+        past = (past_latent @ kv_b.double()).view(ctx, heads, nope + dv)
+        past_pe = gather_oracle(rope_cache, row, 0, ctx).expand(-1, heads, -1)
+        here = slice(q_start, q_start + chunk)
+        want = causal_mla_oracle(
+            q_nope[here],
+            q_pe[here],
+            torch.cat([past[..., :nope], k_nope[here].double()]),
+            torch.cat([past_pe.double(), k_pe[here].double()]),
+            torch.cat([past[..., nope:], v[here].double()]),
+            ctx,
+            scale,
+        )
+        torch.testing.assert_close(merged[here].double(), want, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(prefix_out[here].double(), want, atol=1e-3)  # context matters
+        q_start += chunk

@@ -260,7 +260,7 @@ def test_vllm_ascend_call_site_binds_to_the_real_api_and_the_simulator(site: con
     site.bind(*real[1])  # TypeError: this call would fail on the real torch_npu
     sim = conf.sim_object(site.target)
     if not conf.is_stub(sim):
-        site.bind(conf.sim_signature(sim))
+        site.bind(*conf.sim_signatures(sim))
 
 
 # --------------------------------------------------------------------------------------------

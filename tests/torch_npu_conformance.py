@@ -293,6 +293,13 @@ def sim_signature(obj: Any) -> inspect.Signature:
     return inspect.signature(getattr(obj, "fn", obj))
 
 
+def sim_signatures(obj: Any) -> list[inspect.Signature]:
+    """The signature of each overload a simulator op runs (``atb._overloads``: base, ``.out``),
+    or its one signature."""
+    fn = getattr(obj, "fn", obj)
+    return [inspect.signature(f) for f in getattr(fn, "overloads", (fn,))]
+
+
 def is_stub(obj: Any) -> bool:
     """An op the simulator names but does not implement (it raises SimulatorError if called)."""
     return bool(getattr(getattr(obj, "fn", obj), "sim_unsupported", False))
@@ -324,7 +331,9 @@ def table() -> list[tuple[str, str, str, str, str]]:
         elif is_stub(obj):
             sim, match = "named, not simulated (raises)", "n/a"
         else:
-            problems = differences(sigs[0], sim_signature(obj))
+            # overload by overload where the simulator runs several (else the first only)
+            pairs = zip(sigs, sim_signatures(obj), strict=False)
+            problems = [p for real_sig, sim_sig in pairs for p in differences(real_sig, sim_sig)]
             sim = "same" if not problems else "; ".join(problems)
             match = "yes" if not problems and binds == n else "no"
         rows.append(

@@ -437,8 +437,8 @@ def _attach_ops(mod: types.ModuleType, atb_module: types.ModuleType) -> None:
         if name not in atb.API_LIST:
             setattr(mod, name, _unsupported_op(name))
     for name, fn in table.items():
-        if name.endswith(".out") or name in atb.API_LIST:
-            continue
+        if name.endswith(".out") or name in atb.API_LIST or name in atb.ATB_API_LIST:
+            continue  # ATB's ops are attached by ``atb.build`` (``torch_npu.atb`` ones there only)
         if name in host:
             setattr(mod, name, fn)
             continue

@@ -7,12 +7,14 @@ one of them for the registered op ``torch.ops.atb.<name>``: new objects under th
 Anything that wrapped the attribute before the swap (an interceptor, a profiler) is silently left
 behind. Here ``ATB_OPS`` stands in for ``torch.ops.atb`` (the simulator registers no
 ``torch.library`` ops): a namespace of simulated ops, distinct from the lazy functions, with the
-same graph capture and update semantics.
+same graph capture and update semantics. An op with an ``.out`` overload in the reference table
+is one simulated op that runs whichever overload the call's arguments select.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import types
 from collections.abc import Callable
@@ -70,6 +72,9 @@ def build(
     """Fill ``ATB_OPS`` and put the lazy functions on ``torch_npu`` and ``torch_npu.atb``."""
     for name in itertools.chain(API_LIST, ATB_API_LIST):
         fn = reference.get(name)
+        out = reference.get(name + ".out")
+        if fn is not None and out is not None:
+            fn = _overloads(fn, out)
         if fn is None:
             op: Any = runtime.make_op(name, unsupported(name))
         elif name in host:
@@ -81,6 +86,24 @@ def build(
     _targets["torch_npu"], _targets["atb"] = torch_npu, atb_module
     _register_atb_extensions.cache_clear()
     _patch_atb_and_loadso()
+
+
+def _overloads(base: Callable[..., Any], out: Callable[..., Any]) -> Callable[..., Any]:
+    """One op for both overloads, as ``torch.ops.atb.<name>`` resolves them: a call naming an
+    argument only the ``.out`` overload has (its outputs) runs it, any other runs ``base``.
+    ``overloads`` names both, in the registry's order (base first)."""
+    only_out = frozenset(inspect.signature(out).parameters) - set(
+        inspect.signature(base).parameters
+    )
+
+    @functools.wraps(base)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        if only_out.intersection(kwargs):
+            return out(*args, **kwargs)
+        return base(*args, **kwargs)
+
+    op.overloads = (base, out)  # type: ignore[attr-defined]
+    return op
 
 
 def _host_op(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,10 +4,12 @@
 (RMSNorm of the latent, interleaved RoPE of the key's rope part, both scattered into the paged
 caches), rotates the query's rope part with ``npu_interleave_rope``, projects the attention's
 latent output back per head with ``npu_transpose_batchmatmul``, and merges the chunks of a long
-prefill's context with ``npu_attention_update``; its decode attention is FIA v2 with the rope
-split (``ops.py``). The MoE router of an A5 device is ``npu_moe_gating_top_k`` (an A2 device
-reaches the ``_C_ascend`` one, ``engine/ascend_c_ops.py``, with the same math). They join the
-simulator's op table (one task each under capture, re-run at replay).
+prefill's context with ``npu_attention_update``, each context chunk loaded from the paged caches
+by ATB's ``npu_paged_cache_load`` (``DeviceOperator.kv_cache_load`` on an A2 device); its decode
+attention is FIA v2 with the rope split (``ops.py``). The MoE router of an A5 device is
+``npu_moe_gating_top_k`` (an A2 device reaches the ``_C_ascend`` one, ``engine/ascend_c_ops.py``,
+with the same math). They join the simulator's op table (one task each under capture, re-run at
+replay).
 
 Formulas are CANN's as torch-npu documents them; math in float32, cast back to the input dtype.
 The interleaved RoPE reads the rope part as pairs ``(x[2i], x[2i+1])`` and writes it in halves:
@@ -154,6 +156,76 @@ def npu_attention_update(
     return merged.to(local_out[0].dtype).reshape(local_out[0].shape), total
 
 
+def _cache_rows(
+    block_table: Tensor, context_lens: Tensor, seq_starts: Tensor | None, cumsum: bool, size: int
+) -> Tensor:
+    """The flat cache row (``block * block_size + offset``) of every token to load, sequence
+    after sequence: sequence ``b``'s tokens ``seq_starts[b] ..`` for ``context_lens[b]`` tokens
+    (``context_lens`` cumulative with ``cumsum``), each found through ``block_table[b]``."""
+    lens = context_lens.to(device="cpu", dtype=torch.long).reshape(-1)
+    if cumsum:
+        lens = lens[1:] - lens[:-1]
+    batch = lens.numel()
+    if block_table.shape[0] < batch:
+        raise ValueError(f"npu_paged_cache_load: {block_table.shape[0]} table rows, {batch} lens")
+    starts = (
+        torch.zeros(batch, dtype=torch.long)
+        if seq_starts is None
+        else seq_starts.to(device="cpu", dtype=torch.long).reshape(-1)
+    )
+    table = block_table.to(device="cpu", dtype=torch.long)
+    rows = []
+    for b in range(batch):
+        positions = starts[b] + torch.arange(int(lens[b]))
+        if positions.numel() and int(positions[-1]) >= table.shape[1] * size:
+            raise IndexError("npu_paged_cache_load: a token beyond the sequence's block table")
+        rows.append(table[b, positions // size] * size + positions % size)
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+
+
+def npu_paged_cache_load(
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    seq_starts: Tensor | None = None,
+    cumsum: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """ATB's PagedCacheLoad (ND caches ``(blocks, block_size, N, D)``): the tokens of each
+    sequence gathered from the paged caches into contiguous ``(tokens, N, D)`` key and value,
+    sequence after sequence. ``seq_starts`` (default 0): the first token of each sequence to load,
+    an offset into its block-table row (vllm-ascend's context chunks pass multiples of the block
+    size). Returns new tensors (the ``.out`` overload writes into given ones)."""
+    rows = _cache_rows(block_table, context_lens, seq_starts, cumsum, key_cache.shape[1])
+    keys = key_cache.reshape(-1, *key_cache.shape[2:])
+    values = value_cache.reshape(-1, *value_cache.shape[2:])
+    return keys[rows.to(keys.device)].clone(), values[rows.to(values.device)].clone()
+
+
+def npu_paged_cache_load_out(
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    seq_starts: Tensor | None = None,
+    cumsum: bool = False,
+    key: Tensor,
+    value: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """:func:`npu_paged_cache_load` into ``key`` and ``value`` (as many rows as tokens loaded;
+    ``AscendMLAImpl._compute_prefill_context`` passes them, one context chunk at a time)."""
+    loaded = npu_paged_cache_load(
+        key_cache, value_cache, block_table, context_lens, seq_starts=seq_starts, cumsum=cumsum
+    )
+    for given, got in zip((key, value), loaded, strict=True):
+        if given.shape[0] != got.shape[0]:
+            raise ValueError(f"npu_paged_cache_load: {got.shape[0]} tokens into {given.shape[0]}")
+        given.copy_(got.reshape(given.shape))
+    return key, value
+
+
 def npu_moe_gating_top_k(
     x: Tensor,
     k: int,
@@ -197,6 +269,9 @@ REFERENCE_OPS: dict[str, Callable[..., Any]] = {
     "npu_transpose_batchmatmul": npu_transpose_batchmatmul,
     "npu_attention_update": npu_attention_update,
     "npu_moe_gating_top_k": npu_moe_gating_top_k,
+    # ATB (``torch_npu.atb``): the functional overload and the one into given outputs
+    "npu_paged_cache_load": npu_paged_cache_load,
+    "npu_paged_cache_load.out": npu_paged_cache_load_out,
 }
 
 __all__ = ["REFERENCE_OPS"]

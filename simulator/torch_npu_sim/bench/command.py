@@ -46,6 +46,8 @@ def _kind(text: str) -> str:
     for name in core.KINDS:
         if norm in (name.replace(" ", "").lower(), name.split()[0].lower()):
             return name
+    if norm == "hybrid":
+        return core.HYBRID_KIND
     return text
 
 
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kinds",
         default=None,
         help="comma-separated kinds: FIA, FIA-v2, PA, MTP k=3 (or: mtp), MLA, MLA+MTP k=3 "
-        "(or: mla+mtp); default: all",
+        "(or: mla+mtp), Hybrid+MTP (or: hybrid); default: all",
     )
     parser.add_argument("--layers", type=_ints, default=None, help="e.g. 1,28,64,94")
     parser.add_argument("--batches", type=_ints, default=None, help="e.g. 1,64,256")

@@ -13,7 +13,9 @@ The ``MTP k=3`` kind is the merged multi-step draft graph of ``harness.draft`` (
 updated under a draft forward context with the arguments the proposer's
 ``_update_full_graph_params`` passes, ``draft_attn_metadatas`` included; ``MLA+MTP k=3`` is the
 same with MLA draft layers (DeepSeek's MTP). MLA kinds go through ``AscendMLAImpl``'s own update
-(stock) and the overlay's wrapper on it. Engines are built,
+(stock) and the overlay's wrapper on it. ``Hybrid+MTP`` is a hybrid model's target graph (three
+GDN keys per attention key in the metadata, v1's order, the MTP draft's key among the attention
+ones) updated with an MTP speculative config, as the release's runner updates it. Engines are built,
 captured and fed batches through the workload protocol; what is timed is the update call alone,
 inside the step's open forward context (``open_step``).
 """
@@ -151,8 +153,50 @@ def _mla_mtp(layers: int, batches: tuple[int, ...]) -> Any:
     )
 
 
+HYBRID_KIND = "Hybrid+MTP"
+#: The real hybrid pattern (Qwen3.5, Qwen3-Next): three linear-attention (GDN) layers before
+#: every full-attention layer.
+LINEAR_PER_ATTENTION = 3
+HYBRID_MTP_KEY = "mtp.layers.0.self_attn.attn"
+
+
+def _hybrid_mtp(layers: int, batches: tuple[int, ...]) -> Any:
+    """A hybrid model's target graph with an MTP draft (Qwen3.5 + MTP on the v1 runner):
+    ``layers`` attention layers (one FIA task each), each after three GDN layers whose keys sit
+    in the metadata too, in v1's order: the attention group first (the MTP draft layer's key in
+    it, after the attention layers: one object for all), the GDN groups last, split as vLLM
+    splits them. The update is called with method ``mtp`` (``stack.mtp_config``): stock then
+    zips its tasks with every ``layers.N.self_attn.attn`` key sorted by N, the MTP key first."""
+    from torch_npu_sim.harness.spec import LayerSpec, Scenario
+
+    specs = []
+    for i in range(layers):
+        base = (LINEAR_PER_ATTENTION + 1) * i
+        specs += [
+            LayerSpec(
+                f"language_model.model.layers.{base + j}.linear_attn",
+                num_heads=2,
+                num_kv_heads=1,
+                kind="linear",
+            )
+            for j in range(LINEAR_PER_ATTENTION)
+        ]
+        name = f"language_model.model.layers.{base + LINEAR_PER_ATTENTION}.self_attn.attn"
+        specs.append(LayerSpec(name, num_heads=2, num_kv_heads=1))
+    return Scenario(
+        name=f"bench_hybrid_mtp_{layers}",
+        layers=tuple(specs),
+        capture_sizes=batches,
+        max_kv_len=128,
+        metadata_order="groups",
+        mtp_key=HYBRID_MTP_KEY,
+        linear_kv_groups=True,
+    )
+
+
 #: kind -> scenario factory(layers, capture sizes). A ``DraftScenario`` is built as a draft engine
-#: and measured as a draft update.
+#: and measured as a draft update. ``layers`` counts the layers that capture tasks (a hybrid
+#: kind's linear layers come on top).
 KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
     "FIA": _fia,
     "FIA-v2": _fia_v2,
@@ -160,6 +204,7 @@ KINDS: dict[str, Callable[[int, tuple[int, ...]], Any]] = {
     MTP_KIND: _mtp,
     MLA_KIND: _mla,
     MLA_MTP_KIND: _mla_mtp,
+    HYBRID_KIND: _hybrid_mtp,
 }
 #: The kinds measured as a merged draft graph's update (``MTP_STEPS`` tasks per layer).
 DRAFT_KINDS = frozenset({MTP_KIND, MLA_MTP_KIND})

@@ -263,6 +263,7 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
     """Run in the model runner's process (by ``collective_rpc``): the overlay's figures there,
     the simulator's runtime counters there, and that process's pid and distributed rank."""
     from .. import runtime
+    from .shims import CONTEXT_CHUNK_STEPS
 
     return {
         "pid": os.getpid(),
@@ -270,6 +271,7 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
         "draft_groups": _draft_groups(worker),
+        "mla_context_chunks": dict(CONTEXT_CHUNK_STEPS),
     }
 
 

@@ -65,6 +65,11 @@ class Case:
     seed: int = 0
     #: Release bugs the simulator repairs for this case (``repairs.py``), none by default.
     repairs: tuple[str, ...] = ()
+    #: Chunked prefill beside running decodes: the scheduler's token budget per step
+    #: (``max_num_batched_tokens``), and the workload's last requests get long prompts, admitted
+    #: while the first ones decode and prefilled in chunks of at most this many tokens beside
+    #: them (``workload.LONG_PROMPT_LEN``). 0: vLLM's budget, short prompts only.
+    chunk_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -87,6 +92,8 @@ class Case:
         parts = [self.model]
         if self.draft:
             parts.append(f"{self.draft}-k{self.num_speculative_tokens}")
+        if self.chunk_tokens:  # other prompts, and chunks change the prefill's rounding
+            parts.append(f"chunked{self.chunk_tokens}")
         return "+".join(parts)
 
     def eager(self) -> Case:
@@ -122,6 +129,8 @@ def engine_kwargs(case: Case, model_dir: str, draft_dir: str | None, *, graph: b
             "cudagraph_capture_sizes": list(case.capture_sizes),
         },
     }
+    if case.chunk_tokens:
+        kwargs["max_num_batched_tokens"] = case.chunk_tokens
     if case.draft:
         kwargs["speculative_config"] = {
             "method": case.draft_method,
@@ -203,6 +212,11 @@ CASES: tuple[Case, ...] = (
         num_speculative_tokens=2,
         capture_sizes=(3, 6, 12),
     ),
+    # DeepSeek-V3 with long prompts prefilled in chunks of 32 tokens beside running decodes
+    # (issue 33, item 6): each later chunk attends to its prompt's earlier chunks through
+    # AscendMLAImpl's context path (build_chunked_metadata, npu_paged_cache_load, FIA per
+    # context chunk, npu_attention_update), and the decode graphs read what the chunks wrote.
+    Case("deepseek-v3/chunked-prefill/compile/decode-only", model="deepseek_v3", chunk_tokens=32),
     Case(
         "llama-sliding+pa/compile/decode-only",
         model="llama_sliding",
@@ -241,6 +255,7 @@ CONTROL_CASES: tuple[str, ...] = (
     "step3p5+mtp/compile/decode-only/repaired",
     "deepseek-v3/compile/decode-only",
     "deepseek-v3+mtp/k2/compile/decode-only",
+    "deepseek-v3/chunked-prefill/compile/decode-only",
 )
 
 

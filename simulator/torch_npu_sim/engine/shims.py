@@ -10,6 +10,7 @@ touches vllm-ascend's graph capture or update code: that is the system under tes
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +120,57 @@ def _triton_references(module: Any) -> None:
     triton_refs.install(module)
 
 
+# --------------------------------------------------------------------------------------------
+# MLA chunked prefill beside decodes (issue 33, item 6): the context chunks' host buffers
+
+
+#: Prefill steps whose chunks attend to context (``build_chunked_metadata`` returned metadata),
+#: and of those, steps with decodes in the same batch: the engine tests show with them that a
+#: case really prefilled in chunks beside running decodes (read by ``arm.runner_figures``).
+CONTEXT_CHUNK_STEPS: dict[str, int] = {"with_context": 0, "beside_decodes": 0}
+
+
+def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run ``call`` with factory functions' ``pin_memory=True`` dropped (``Tensor.pin_memory()``
+    is already the identity: ``_install_impl._pin_memory_shim``); count what it built."""
+    with _no_pinning_mode()():
+        result = call(*args, **kwargs)
+    if result is not None:
+        # hooks.wrap binds the builder as functools.partial(method, builder)
+        builder = getattr(call, "args", (None,))[0]
+        CONTEXT_CHUNK_STEPS["with_context"] += 1
+        CONTEXT_CHUNK_STEPS["beside_decodes"] += getattr(builder, "num_decodes", 0) > 0
+    return result
+
+
+@functools.cache
+def _no_pinning_mode() -> type:
+    """A torch function mode (this thread, this call only) that allocates unpinned."""
+    from torch.overrides import TorchFunctionMode
+
+    class NoPinning(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            return func(*args, **kwargs)
+
+    return NoPinning
+
+
+MLA_CHUNKED_PREFILL_SHIMS: tuple[Shim, ...] = (
+    Shim(
+        "vllm_ascend.attention.mla_v1",
+        "AscendMLAMetadataBuilder.build_chunked_metadata",
+        _unpinned,
+        "torch_npu pins host memory for the NPU (torch.zeros(..., pin_memory=True) for the "
+        "context chunks' lengths); CPU torch cannot pin without an accelerator",
+    ),
+)
+
+
 SHIMS: tuple[Shim, ...] = (
     Shim(
         "vllm_ascend.worker.worker",
@@ -165,6 +217,7 @@ SHIMS: tuple[Shim, ...] = (
         _triton_references,
         "triton-ascend compiles vLLM's Triton kernels for the NPU; here torch references run them",
     ),
+    *MLA_CHUNKED_PREFILL_SHIMS,
 )
 
 _applied = False

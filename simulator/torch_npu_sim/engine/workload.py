@@ -26,6 +26,10 @@ from .cases import Case, engine_kwargs
 REQUESTS = 6
 PROMPT_LEN = (3, 40)
 MAX_TOKENS = (4, 24)
+#: With ``Case.chunk_tokens``: how many of the requests (the last ones) get long prompts, and the
+#: range of their lengths (with ``MAX_TOKENS``, inside the engines' ``max_model_len`` of 256).
+LONG_REQUESTS = 2
+LONG_PROMPT_LEN = (120, 200)
 
 
 @dataclass
@@ -69,13 +73,18 @@ class VllmWorkload:
         self._engine()
 
     def next_batch(self, rng: random.Random) -> list[Request]:
+        """``REQUESTS`` requests; with ``Case.chunk_tokens`` the last ``LONG_REQUESTS`` have long
+        prompts: ``max_num_seqs`` admits them once earlier ones finish, so their chunks run
+        beside the others' decodes."""
         vocab = models.VOCAB
+        long = LONG_REQUESTS if self.case.chunk_tokens else 0
+        lengths = [PROMPT_LEN] * (REQUESTS - long) + [LONG_PROMPT_LEN] * long
         return [
             Request(
-                prompt=[rng.randrange(3, vocab) for _ in range(rng.randint(*PROMPT_LEN))],
+                prompt=[rng.randrange(3, vocab) for _ in range(rng.randint(*span))],
                 max_tokens=rng.randint(*MAX_TOKENS),
             )
-            for _ in range(REQUESTS)
+            for span in lengths
         ]
 
     def run(self, batch: list[Request], *, graph: bool = True) -> StepOutput:

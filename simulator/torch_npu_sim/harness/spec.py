@@ -52,6 +52,14 @@ class Scenario:
     # (KV-cache group by group, KV-sharing layers appended to their target's group);
     # "layers" = model layer order (how hybrid linear-attention keys interleave).
     metadata_order: str = "auto"
+    # A hybrid (linear-attention) model with an MTP draft, as the v1 runner of such an engine
+    # arranges its target's metadata (the bench's hybrid kind): ``mtp_key`` is the draft layer's
+    # key, listed after the attention layers in their one KV-cache group (it captures no target
+    # task); the update is called with an MTP speculative config (``harness.stack.mtp_config``).
+    # ``linear_kv_groups``: the linear layers' keys split into KV-cache groups as vLLM splits a
+    # hybrid's layers (one metadata object per group), instead of one object for all.
+    mtp_key: str | None = None
+    linear_kv_groups: bool = False
 
     @property
     def max_num_reqs(self) -> int:

@@ -9,6 +9,7 @@ model wrapper and runs on top (composition: target, draft and v2 each hold a ``S
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -362,18 +363,53 @@ class Stack:
 
     def with_linear_keys(self, per_layer: dict[str, Any], linear_md: Any) -> dict[str, Any]:
         """``attn_metadata`` with the linear layers' keys, in the scenario's key order: model
-        layer order, or the attention groups first and the linear keys after."""
+        layer order, or the attention groups first and the linear keys after (group by group
+        with ``linear_kv_groups``); an MTP draft's key in the attention layers' group."""
         sc = self.scenario
         if sc.key_order == "layers":
+            if sc.mtp_key is not None:
+                raise ValueError("an MTP key sits in its KV-cache group: metadata_order 'groups'")
             return {
                 spec.name: (linear_md if spec.kind == "linear" else per_layer[spec.name])
                 for spec in sc.layers
             }
         out = dict(per_layer)
-        for spec in sc.layers:
-            if spec.kind == "linear":
-                out[spec.name] = linear_md
+        if sc.mtp_key is not None:
+            out[sc.mtp_key] = self._mtp_group_metadata(per_layer)
+        for index, names in enumerate(self.linear_groups()):
+            md = linear_md if index == 0 else dataclasses.replace(linear_md)  # one per group
+            out.update(dict.fromkeys(names, md))
         return out
+
+    # ---- hybrid + MTP (the bench's hybrid kind) ----------------------------------------------
+
+    def linear_groups(self) -> list[list[str]]:
+        """The linear layers' keys by KV-cache group: one group, or with ``linear_kv_groups``
+        vLLM's split (``get_kv_cache_groups``: groups of the smallest layer type's size, layers
+        ``[i::n]``; the attention layers, the MTP draft's included, are the smallest here)."""
+        linear = [spec.name for spec in self.scenario.layers if spec.kind == "linear"]
+        if not self.scenario.linear_kv_groups or not linear:
+            return [linear] if linear else []
+        attention = sum(spec.captures_task for spec in self.scenario.layers)
+        attention += self.scenario.mtp_key is not None
+        if not attention or attention > len(linear):
+            raise ValueError("linear_kv_groups: the attention layers must be the smaller type")
+        size = len(linear) if len(linear) < 1.5 * attention else attention
+        count = -(-len(linear) // size)
+        return [linear[i::count] for i in range(count)]
+
+    def _mtp_group_metadata(self, per_layer: dict[str, Any]) -> Any:
+        if len(self.groups) != 1:
+            raise ValueError("mtp_key: the attention layers and the draft share one KV group")
+        return per_layer[self.groups[0].layer_names[0]]
+
+    @property
+    def speculative_config(self) -> Any:
+        """What the runner passes the update as ``speculative_config``: an MTP engine's (see
+        :func:`mtp_config`) where the scenario has an MTP key, else the config's own (None)."""
+        if self.scenario.mtp_key is not None:
+            return mtp_config()
+        return self.vllm_config.speculative_config
 
     def linear_metadata(self, num_reqs_padded: int, num_actual_tokens: int) -> LinearAttnMetadata:
         return LinearAttnMetadata(
@@ -405,6 +441,20 @@ class Stack:
         finally:
             for flat, slots, values in saved:
                 flat[slots] = values
+
+
+def mtp_config(num_speculative_tokens: int = 1) -> Any:
+    """What vllm-ascend's updates read of an MTP engine's ``SpeculativeConfig`` (a real one
+    needs a draft checkpoint): the method, which sends the FIA target update to its ``mtp`` key
+    selection (``attention_v1.py``, ``is_direct_target_attn_key``), and k."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        method="mtp",
+        num_speculative_tokens=num_speculative_tokens,
+        disable_padded_drafter_batch=False,
+        use_eagle=lambda: True,
+    )
 
 
 def _model_config_json(scenario: Scenario, max_model_len: int) -> dict[str, Any]:

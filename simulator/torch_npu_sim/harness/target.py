@@ -303,7 +303,7 @@ class TargetEngine:
                     fc,
                     padded,
                     self.vllm_config,
-                    self.vllm_config.speculative_config,
+                    self.stack.speculative_config,
                     padded,
                     None,
                 )
@@ -321,7 +321,7 @@ class TargetEngine:
             step.forward_context,
             step.num_tokens,
             self.vllm_config,
-            self.vllm_config.speculative_config,
+            self.stack.speculative_config,
             self.stack.positions[: step.num_tokens].shape[0],
         )
 
