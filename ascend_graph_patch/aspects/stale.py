@@ -53,15 +53,16 @@ def attention_ran(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return wrapped(*args, **kwargs)
 
 
-def _grown_sizes(scope: shared.CaptureScope) -> set[Any]:
-    """The sizes under which this capture appended task groups (to any ``GraphParams``)."""
-    grown = set()
+def _grown(scope: shared.CaptureScope) -> dict[Any, int]:
+    """Size -> the task groups this capture appended under it (to any ``GraphParams``)."""
+    grown: dict[Any, int] = {}
     for params, before in zip(scope.graph_params, scope.lengths_before, strict=False):
         if params is None:
             continue
         for num_tokens, groups in params.handles.items():
-            if len(groups) > before.get(num_tokens, 0):
-                grown.add(num_tokens)
+            added = len(groups) - before.get(num_tokens, 0)
+            if added:
+                grown[num_tokens] = grown.get(num_tokens, 0) + added
     return grown
 
 
@@ -69,15 +70,25 @@ def stale_impls(scope: shared.CaptureScope) -> list[Any]:
     """The impls that ran attention in this capture without appending a task group of it.
 
     An FIA / PA capture call is made on the graph path only; an MLA decode call is noted either
-    way, so it counts as captured only where its size's lists grew. Consumes the notes of impls
-    that ran (a v2 graph's scope is closed twice)."""
+    way, and took the graph path where its size's lists grew, one group a call. The rule judges
+    only a capture its notes account for: where the groups appended under a size are neither none
+    nor one per noted call, or appear under a size no call was noted for (an op the overlay does
+    not register, an aspect disabled), an impl without a note may own one of them, and the
+    ownership rules leave the graph to stock with their reason. Consumes the notes of impls that
+    ran (a v2 graph's scope is closed twice)."""
     ran, scope.ran = scope.ran, {}
-    for call in scope.calls:
-        ran.setdefault(id(call[1]), call[1])
-    if not ran:
+    if not ran and not scope.calls:
         return []
-    grown = _grown_sizes(scope)
-    captured = {id(impl) for _, impl, size, _ in scope.calls if size in grown}
+    noted: dict[Any, int] = {}
+    for call in scope.calls:
+        noted[call[2]] = noted.get(call[2], 0) + 1
+        ran.setdefault(id(call[1]), call[1])
+    grown = _grown(scope)
+    if any(grown.get(n, 0) not in (0, calls) for n, calls in noted.items()) or any(
+        n not in noted for n in grown
+    ):
+        return []
+    captured = {id(impl) for _, impl, size, _ in scope.calls if grown.get(size)}
     return [impl for key, impl in ran.items() if key not in captured]
 
 
