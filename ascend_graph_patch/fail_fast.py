@@ -70,25 +70,14 @@ def raised(error: BaseException, role: str, descriptor: Any, task: str) -> None:
     """The overlay is about to raise ``error`` (an update of the ``role`` graph ``descriptor``
     failed at ``task``) into the engine: record it; in a worker whose reply the executor does not
     read, end the process (unless ``ASCEND_GRAPH_PATCH_TP_FAULT=wait``)."""
-    global LAST
     from ascend_graph_patch import settings
 
     rank, size, read = _position()
     ends = read is False and settings.tp_fault() == settings.TP_FAIL
-    LAST = {
-        "type": type(error).__name__,
-        "message": str(error).splitlines()[0][:500] if str(error) else "",
-        "rank": rank,
-        "world_size": size,
-        "role": role,
-        "graph_size": _graph_size(descriptor),
-        "task": task[:500],
-        "action": "ended this worker" if ends else "raised into the engine",
-        "at": round(time.time(), 3),
-    }
-    _write_status()
+    record(error, role, descriptor, task, "ended this worker" if ends else None)
     if not ends:
         return
+    assert LAST is not None
     where = f"rank {rank} of {size}" if size is not None else "this worker"
     message = (
         f"ascend-graph-patch: {where}: the {role} graph of size {LAST['graph_size']} failed its "
@@ -103,6 +92,28 @@ def raised(error: BaseException, role: str, descriptor: Any, task: str) -> None:
         sys.stdout.flush()
     finally:
         os._exit(EXIT_STATUS)
+
+
+def record(
+    error: BaseException, role: str, descriptor: Any, task: str, action: str | None = None
+) -> None:
+    """Record ``error`` as the last one the overlay raised here (``status``'s ``fault``) and
+    write the status file now, without ending anything: an error every rank raises alike (a
+    stale graph at capture, ``aspects/stale.py``) reaches the engine through the reply it reads."""
+    global LAST
+    rank, size = _position()[:2]
+    LAST = {
+        "type": type(error).__name__,
+        "message": str(error).splitlines()[0][:500] if str(error) else "",
+        "rank": rank,
+        "world_size": size,
+        "role": role,
+        "graph_size": _graph_size(descriptor),
+        "task": task[:500],
+        "action": action or "raised into the engine",
+        "at": round(time.time(), 3),
+    }
+    _write_status()
 
 
 def _write_status() -> None:

@@ -28,6 +28,7 @@ ENV_DISABLE = PREFIX + "_DISABLE"
 ENV_DEBUG = PREFIX + "_DEBUG"
 ENV_STATUS_DIR = PREFIX + "_STATUS_DIR"
 ENV_TP_FAULT = PREFIX + "_TP_FAULT"
+ENV_STALE_GRAPH = PREFIX + "_STALE_GRAPH"
 
 OFF = "off"
 ON = "on"
@@ -60,6 +61,13 @@ ALL_ASPECTS = "*"
 TP_FAIL = "fail"
 TP_WAIT = "wait"
 ACCEPTED_TP_FAULT = "fail (default; also empty), wait"
+
+#: ``ASCEND_GRAPH_PATCH_STALE_GRAPH``: what the overlay does when a FULL graph's capture ran
+#: attention outside its graph path (``aspects/stale.py``): fail with one error naming the cause
+#: (the default), or let the graph replay with its capture-time parameters, as stock does.
+STALE_FAIL = "fail"
+STALE_REPLAY = "replay"
+ACCEPTED_STALE_GRAPH = "fail (default; also empty), replay"
 
 #: Messages show at most this many characters of an environment value (then its length).
 SHOWN_CHARS = 40
@@ -161,6 +169,26 @@ def tp_fault(environ: "Mapping[str, str] | None" = None) -> str:
     return parse_tp_fault(_env(environ).get(ENV_TP_FAULT))[0]
 
 
+def parse_stale_graph(value: "str | None") -> "tuple[str, str | None]":
+    """Map a raw ``ASCEND_GRAPH_PATCH_STALE_GRAPH`` to ``(policy, problem)``; invalid reads as
+    fail (a typo must never let a stale graph replay)."""
+    norm = (value or "").strip().lower()
+    if norm in ("", STALE_FAIL):
+        return STALE_FAIL, None
+    if norm == STALE_REPLAY:
+        return STALE_REPLAY, None
+    return STALE_FAIL, (
+        f"ignoring {ENV_STALE_GRAPH}={shown(value or '')}: accepted values are "
+        f"{ACCEPTED_STALE_GRAPH}; failing on a stale graph"
+    )
+
+
+def stale_graph(environ: "Mapping[str, str] | None" = None) -> str:
+    """``ASCEND_GRAPH_PATCH_STALE_GRAPH``: ``fail`` (a stale graph ends the engine's start-up with
+    one error) or ``replay`` (stock's: it replays with its capture-time attention parameters)."""
+    return parse_stale_graph(_env(environ).get(ENV_STALE_GRAPH))[0]
+
+
 def disabled_aspects(environ: "Mapping[str, str] | None" = None) -> frozenset[str]:
     """Aspect names listed in ``ASCEND_GRAPH_PATCH_DISABLE`` (comma-separated, case-insensitive).
 
@@ -203,8 +231,19 @@ def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
     _, problem = parse_tp_fault(env.get(ENV_TP_FAULT))
     if problem:
         found.append(problem)
+    _, problem = parse_stale_graph(env.get(ENV_STALE_GRAPH))
+    if problem:
+        found.append(problem)
     # ASCEND_GRAPH_PATCH_SIM is the simulator's (torch-npu-sim) older name for TORCH_NPU_SIM.
-    known = {ENV_MODE, ENV_DISABLE, ENV_STATUS_DIR, ENV_TP_FAULT, *FLAGS, PREFIX + "_SIM"}
+    known = {
+        ENV_MODE,
+        ENV_DISABLE,
+        ENV_STATUS_DIR,
+        ENV_TP_FAULT,
+        ENV_STALE_GRAPH,
+        *FLAGS,
+        PREFIX + "_SIM",
+    }
     for name in sorted(env):
         if name.startswith(PREFIX + "_") and name not in known:
             found.append(

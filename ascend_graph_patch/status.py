@@ -147,6 +147,7 @@ def snapshot(check: bool = False, probe: bool = True) -> dict[str, Any]:
         "env_mode": settings.mode(),
         "strict": settings.strict(),
         "force": settings.force(),
+        "stale_graph": settings.stale_graph(),
         "disabled_aspects": sorted(settings.disabled_aspects()),
         "environment_problems": settings.problems() + loader_warnings(),
         "enable_error": loader_state.ENABLE_ERROR,

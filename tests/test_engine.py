@@ -39,6 +39,7 @@ GRAPH_ARMS = ("stock", "overlay", "verify")
 
 @pytest.fixture(scope="module")
 def engine_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The arms' directory: each arm's result, log and status files under its name."""
     return tmp_path_factory.mktemp("engine")
 
 
@@ -49,7 +50,7 @@ def results(engine_root: Path) -> Iterator[dict[str, Any]]:
     for name in sorted({m for c in cases.CASES for m in (c.model, c.draft) if m}):
         models.materialize(name, model_root)
     out = arms.run_arms(root, model_root)
-    table = report.table(out, cases.CASES)
+    table = report.table(out, cases.CASES + cases.CONTROL_ONLY_CASES)
     (root / "table.md").write_text(table + "\n")
     print("\n" + table)
     yield out
@@ -102,6 +103,8 @@ def _expected_error(case: cases.Case, arm: str) -> str | None:
     """The error ``arm`` must fail with on ``case`` (None: it must run)."""
     if case.startup_error:
         return case.startup_error
+    if case.overlay_error and arm in ("overlay", "verify"):
+        return case.overlay_error
     if not case.stock.startswith("crash: ") or arm == "eager":
         return None
     if arm == "stock" or case.overlay_same_as_stock:
@@ -363,3 +366,66 @@ def test_qwen35_eager_tokens_equal_transformers(results: dict[str, Any], engine_
         )
         want.append(out[0, prompt.shape[1] :].tolist())
     assert record["tokens"][0] == want
+
+
+# --- stale graphs: VLLM_USE_V2_MODEL_RUNNER on vLLM 0.23.0 (ascend_graph_patch/aspects/stale.py) --
+
+
+def _case_status(root: Path, arm: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The status file the case's process (its engine core ran in it) wrote, read by the
+    overlay's reader."""
+    from ascend_graph_patch import status_files
+
+    mine = [
+        s for s in status_files.read_dir(root / arm / "status") if s["pid"] == record["arm_pid"]
+    ]
+    assert len(mine) == 1, [s.get("pid") for s in status_files.read_dir(root / arm / "status")]
+    return mine[0]
+
+
+@pytest.mark.parametrize("arm", ("overlay", "verify"))
+def test_a_stale_graph_ends_the_overlays_start_with_its_cause(
+    results: dict[str, Any], engine_root: Path, arm: str
+) -> None:
+    """With the v2 variable set, stock's graphs capture no attention task and replay stale (its
+    tokens differ from eager's: the tokens test). The overlay's engine never starts: one error
+    naming the graph, the layers, the cause, the way out and the switch; no token produced; the
+    error in ``status`` (the case's status file) with the stale graph counted."""
+    record = _arm(results, arm)[cases.STALE_CASE.name]
+    error = (record.get("error") or "") + (record.get("traceback") or "")
+    for part in (
+        cases.STALE_GRAPH_ERROR,
+        "model.layers.0.self_attn.attn",
+        "VLLM_USE_V2_MODEL_RUNNER is set",
+        "falls back to the v1 runner",
+        "Unset VLLM_USE_V2_MODEL_RUNNER",
+        f"{cases.STALE_GRAPH_VAR}=replay keeps stock's behaviour",
+    ):
+        assert part in error, (part, error[-3000:])
+    assert not record.get("tokens"), record.get("tokens")
+    status = _case_status(engine_root, arm, record)
+    fault = status.get("fault") or {}
+    assert fault.get("type") == "StaleGraph", fault
+    assert cases.STALE_GRAPH_ERROR in fault.get("message", ""), fault
+    assert fault.get("action") == "raised into the engine", fault
+    assert status["counters"].get("graphs.stale") == 1, status["counters"]  # the first: it ends
+    assert not status["counters"].get("graphs.owned"), status["counters"]
+
+
+def test_stale_check_switched_off_replays_stocks_wrong_tokens(results: dict[str, Any]) -> None:
+    """The negative control: ``ASCEND_GRAPH_PATCH_STALE_GRAPH=replay`` keeps stock's behaviour.
+    The same engine starts, every graph is left to stock with the stale reason, and the tokens
+    are stock's wrong ones, silently (no relaunch was there to skip in this arm)."""
+    case = cases.STALE_REPLAY_CASE
+    record = _arm(results, "control")[case.name]
+    assert not record.get("error"), record.get("error")
+    stock = _arm(results, "stock")[cases.STALE_CASE.name]
+    assert record["tokens"] != _arm(results, "eager")[case.reference]["tokens"]
+    assert record["tokens"] == stock["tokens"], (record["tokens"], stock["tokens"])
+    figures = report.runner(record)
+    sim, counters = figures.get("sim") or {}, (figures.get("overlay") or {}).get("counters") or {}
+    assert sim.get("captures") == len(case.capture_sizes) and not sim.get("updates"), sim
+    assert not sim.get("relaunches_skipped"), sim
+    stale = len(case.capture_sizes)
+    assert counters.get("graphs.stale") == stale and counters.get("graphs.refused") == stale
+    assert not counters.get("graphs.owned") and not counters.get("updates.owned"), counters

@@ -189,3 +189,33 @@ def test_triton_launches_resolve_to_references_or_fail_loudly() -> None:
 
     with pytest.raises(SimulatorError, match="unknown_kernel has no torch reference"):
         unknown_kernel[(1,)](torch.ones(1))
+
+
+# --- VLLM_USE_V2_MODEL_RUNNER: vLLM's Triton check (the stale-graph engine case) ---------------
+
+
+@pytest.mark.parametrize("variable", [None, "0", "1"])
+def test_the_v2_triton_check_passes_only_with_the_variable_set(
+    monkeypatch: pytest.MonkeyPatch, variable: str | None
+) -> None:
+    """With ``VLLM_USE_V2_MODEL_RUNNER`` set, vLLM's config check reads ``HAS_TRITON`` as a device
+    with triton-ascend would; unset (or 0) the host's answer (no Triton) stands, and the module's
+    flag is left as it was."""
+    import vllm.config.vllm as config
+
+    if variable is None:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", variable)
+    assert config.HAS_TRITON is False  # this host
+    vllm_config = types.SimpleNamespace(
+        _get_v2_model_runner_unsupported_features=lambda: [], reasoning_config=None
+    )
+    check = config.VllmConfig._validate_v2_model_runner
+    assert getattr(check, hooks.MARK, False)
+    if variable == "1":
+        check(vllm_config)
+    else:
+        with pytest.raises(ValueError, match="requires Triton"):
+            check(vllm_config)
+    assert config.HAS_TRITON is False

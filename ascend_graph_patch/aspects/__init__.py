@@ -62,6 +62,16 @@ ASPECTS: tuple[Aspect, ...] = (
         "register the PA task group the stock capture just created",
     ),
     Aspect(
+        "attention.ran",
+        "v1",
+        "attention.forward",
+        f"{_A}.stale:attention_ran",
+        "note which attention impls ran in a FULL capture, so a graph whose attention ran "
+        "outside its graph path (no task group: stale at every replay) never replays silently",
+        "every attention path of the line captures its task group whenever a FULL graph is "
+        "captured (the capture flag is one attribute both runners set and attention reads)",
+    ),
+    Aspect(
         "replay.update",
         "v1",
         "attention.update_graph_params",

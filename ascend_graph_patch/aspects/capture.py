@@ -17,6 +17,7 @@ from vllm.forward_context import get_forward_context
 
 from ascend_graph_patch import state
 from ascend_graph_patch.aspects import scope as shared
+from ascend_graph_patch.aspects import stale
 from ascend_graph_patch.aspects.attention import own_tasks
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import CaptureRefused, OwnedGraph
@@ -88,16 +89,20 @@ def left_to_stock(scope: shared.CaptureScope) -> str | None:
     return None
 
 
-def own_captured(scope: shared.CaptureScope) -> None:
+def own_captured(scope: shared.CaptureScope, runner: str = "v1") -> None:
     """Turn the attention calls the capture noted into the graph's tasks, as it ends (any
-    misfit or error refuses the graph, with the reason)."""
+    misfit or error refuses the graph, with the reason; a stale graph raises ``StaleGraph``)."""
     if scope.failure is None:
         try:
             reason = left_to_stock(scope)
             if reason is not None:
                 scope.fail(reason)
                 return
-            own_tasks(scope)
+            stale.check(scope, runner)  # attention ran outside its graph path: never silent
+            if scope.failure is None:
+                own_tasks(scope)
+        except stale.StaleGraph:
+            raise
         except Exception as exc:  # CaptureRefused, or a bug of ours: either way, stock keeps it
             scope.fail(str(exc) if isinstance(exc, CaptureRefused) else f"tasks: {exc!r}")
 
@@ -171,6 +176,8 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     try:
         entry = instance.concrete_aclgraph_entries.get(descriptor)
         close_scope(scope, getattr(entry, "aclgraph", None), ASPECT)
+    except stale.StaleGraph:
+        raise  # the engine must not start with it (``aspects/stale.py``)
     except Exception as exc:
         aspect_error(ASPECT, exc)
     return output

@@ -28,6 +28,7 @@ from typing import Any
 
 from ascend_graph_patch import state
 from ascend_graph_patch.aspects import scope as shared
+from ascend_graph_patch.aspects import stale
 from ascend_graph_patch.aspects.capture import close_scope, open_scope, own_captured
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
@@ -164,9 +165,11 @@ class _OwnedCapture:
             if self.scope is not None and exc[0] is None:
                 try:
                     scope = self.scope
-                    own_captured(scope)  # while the lists hold this graph's groups last
+                    own_captured(scope, "v2")  # while the lists hold this graph's groups last
                     scope.grown = shared.total_handles(scope.graph_params) - scope.handles_before
                     self.session.pending[id(self.graph)] = (self.graph, scope)
+                except stale.StaleGraph:
+                    raise
                 except Exception as error:  # the graph is then simply not owned
                     aspect_error(ASPECT, error)
 

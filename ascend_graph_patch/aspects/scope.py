@@ -69,6 +69,8 @@ class CaptureScope:
     calls: list[tuple] = field(default_factory=list)
     #: the forward context's registered layers (name -> layer, whose ``impl`` captures)
     layers: Any = None
+    #: id -> impl of each attention impl whose forward ran in this capture (``aspects/stale``)
+    ran: dict[int, Any] = field(default_factory=dict)
 
     def fail(self, reason: str) -> None:
         if self.failure is None:

@@ -170,6 +170,14 @@ class Interceptor:
 DraftStepRule = Callable[[str, Any, Any], int]
 #: (attention impl, its layer's name) -> the key of its metadata in ``attn_metadata``.
 MetadataKeyRule = Callable[[Any, str], str]
+#: (runner "v1" | "v2") -> why this release's attention may run outside its graph path during a
+#: FULL capture and what to do, where the line knows a cause that holds now; else None.
+StaleCauseRule = Callable[[str], "str | None"]
+
+
+def no_stale_cause(runner: str) -> str | None:
+    """A line that knows no cause of a stale capture."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,8 @@ class Line:
     #: The seam modules ``status --check`` imports to run the gate here, in an order that
     #: imports (some modules only import after others).
     check_imports: tuple[str, ...] = ()
+    #: The known cause of a stale capture, named in the error (``aspects/stale.py``).
+    stale_cause: StaleCauseRule = no_stale_cause
 
     def has(self, seam: str) -> bool:
         """Whether this release has seam ``seam`` (KeyError if the line does not know the key)."""

@@ -59,6 +59,23 @@ SEAMS: dict[str, Seam] = {
     "attention.full_graph_pa": Seam(
         ATTN, f"{IMPL}.full_graph_pa", ("self", "query", "attn_metadata", "output")
     ),
+    # every FIA / FIA v2 / PA layer's forward: the graph path or not is decided inside it
+    "attention.forward": Seam(
+        ATTN,
+        f"{IMPL}.forward",
+        (
+            "self",
+            "layer",
+            "query",
+            "key",
+            "value",
+            "kv_cache",
+            "attn_metadata",
+            "output",
+            "output_scale",
+            "output_block_scale",
+        ),
+    ),
     # a staticmethod reached through update_full_graph_params, which five modules import by name:
     # the class attribute is the one place every caller goes through
     "attention.update_graph_params": Seam(ATTN, f"{IMPL}.update_graph_params", UPDATE_PARAMS),
@@ -426,6 +443,30 @@ def metadata_key(impl: Any, layer_name: str) -> str:
     return getattr(impl, "kv_sharing_target_layer_name", None) or layer_name
 
 
+#: Why attention may run outside its graph path during a FULL capture on this release (the
+#: stale-graph error names it): research/hybrid_and_v2_on_engine.md, section 1.
+V2_FALLBACK_STALE = (
+    "VLLM_USE_V2_MODEL_RUNNER is set, but vllm-ascend 0.23.0.post1 does not run model runner "
+    "v2 on vLLM 0.23.0: it falls back to the v1 runner, whose graph wrapper sets the capture "
+    "flag as a forward-context attribute, while attention, with the variable set, reads it from "
+    "the forward context's additional_kwargs, where it is always false. Unset "
+    "VLLM_USE_V2_MODEL_RUNNER: this release runs the v1 runner either way"
+)
+
+
+def stale_cause(runner: str) -> str | None:
+    """The v2 variable on the v1 fallback (``worker/worker.py``, ``_ExtraForwardContextProxy``
+    in ``ascend_forward_context.py``), when it is set now; else no cause this line knows."""
+    if runner != "v1":
+        return None
+    try:
+        import vllm.envs as envs
+
+        return V2_FALLBACK_STALE if envs.VLLM_USE_V2_MODEL_RUNNER else None
+    except Exception:  # a value vLLM itself cannot read: no cause to name
+        return None
+
+
 #: Graphs holding one of these impls are refused at capture, with the reason in ``status``.
 LEFT_TO_STOCK = (
     LeftToStock(
@@ -595,4 +636,5 @@ LINE = Line(
     ),
     # vllm_ascend.ops first: importing attention_v1 first is a circular import
     check_imports=("vllm_ascend.ops", ATTN, ACL, MLA_MODULE),
+    stale_cause=stale_cause,
 )

@@ -56,8 +56,9 @@ def catalogue() -> dict[str, dict[str, Any]]:
             "kind": "engine",
             "default": case.name in DEFAULT_CASES,
             "quick": case.name in QUICK_CASES,
-            # The release cannot run these in any graph arm (or at all): not an A/B of updates.
-            "all": not (case.startup_error or case.overlay_same_as_stock),
+            # The release cannot run these in any graph arm (or at all), or the overlay refuses
+            # to start what stock runs wrongly (a stale graph): not an A/B of updates.
+            "all": not (case.startup_error or case.overlay_same_as_stock or case.overlay_error),
         }
         for case in ALL_CASES
     }

@@ -24,7 +24,7 @@ from typing import Any
 from ascend_graph_patch import supervisor
 
 from . import control
-from .cases import CASES, CONTROL_CASES, Case, eager_cases
+from .cases import CASES, CONTROL_CASES, CONTROL_ONLY_CASES, Case, eager_cases
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,13 @@ ARMS: dict[str, Arm] = {
 
 
 def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
+    if cases is CASES:  # with the cases only the control runs (a check switched off)
+        cases = (*CASES, *CONTROL_ONLY_CASES)
     if arm == "eager":
         return list(eager_cases(cases))
     if arm == "control":
-        return [c for c in cases if c.name in CONTROL_CASES]
-    return list(cases)
+        return [c for c in cases if c.name in CONTROL_CASES or c in CONTROL_ONLY_CASES]
+    return [c for c in cases if c not in CONTROL_ONLY_CASES]
 
 
 def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str]:
@@ -189,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     model_root = Path(args.models) if args.models else out / "models"
     from .cases import ALL_CASES
 
+    every = (*ALL_CASES, *CONTROL_ONLY_CASES)
     chosen = tuple(
-        c for c in ALL_CASES if c.name in args.cases.split(",") or (not args.cases and c in CASES)
+        c for c in every if c.name in args.cases.split(",") or (not args.cases and c in CASES)
     )
     for name in {m for c in chosen for m in (c.model, c.draft) if m}:
         models.materialize(name, model_root)

@@ -70,6 +70,9 @@ class Case:
     #: while the first ones decode and prefilled in chunks of at most this many tokens beside
     #: them (``workload.LONG_PROMPT_LEN``). 0: vLLM's budget, short prompts only.
     chunk_tokens: int = 0
+    #: The error the overlay's graph arms (overlay, verify) must end with where the overlay
+    #: refuses to run what stock runs wrongly (a stale graph); None: they must run.
+    overlay_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -99,7 +102,12 @@ class Case:
     def eager(self) -> Case:
         """The eager reference case (graph settings do not apply to an eager engine)."""
         return dataclasses.replace(
-            self, name=self.reference, multiprocess=False, pa_shape_list=(), stock="ok"
+            self,
+            name=self.reference,
+            multiprocess=False,
+            pa_shape_list=(),
+            stock="ok",
+            overlay_error=None,
         )
 
 
@@ -156,6 +164,42 @@ STEP3P5_PAD_CRASH = "crash: TypeError: unsupported operand type(s) for *: 'CUDAG
 
 def _qwen3(name: str, **kw: Any) -> Case:
     return Case(name=name, model="qwen3", **kw)
+
+
+# --- stale graphs: VLLM_USE_V2_MODEL_RUNNER on vLLM 0.23.0 (ascend_graph_patch/aspects/stale.py) --
+
+#: The v2 variable, set in the case's process only (vLLM reads it at each access until an engine
+#: core caches its environment, and each case's engine is built in its own forked child).
+V2_FLAG = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+#: The overlay's switch back to stock's behaviour (named, not imported).
+STALE_GRAPH_VAR = "ASCEND_GRAPH_PATCH_STALE_GRAPH"
+#: vllm-ascend 0.23.0.post1 falls back to the v1 runner, and its attention then reads the capture
+#: flag where the v1 graph wrapper never sets it: no task group is captured, every replay reuses
+#: the capture's sequence lengths. Stock runs to its end with other tokens than eager's.
+V2_FLAG_STALE = (
+    "wrong: VLLM_USE_V2_MODEL_RUNNER on the v1 fallback: attention never takes its graph path "
+    "during capture, so every replay reuses the capture's sequence lengths"
+)
+#: What the overlay's start-up ends with there (the message, wrapped by the runner).
+STALE_GRAPH_ERROR = "the target FULL graph of size 4 is stale"
+
+STALE_CASE = _qwen3(
+    "qwen3/compile/decode-only/v2-flag",
+    environment=V2_FLAG,
+    stock=V2_FLAG_STALE,
+    overlay_error=STALE_GRAPH_ERROR,
+)
+#: The negative control of the stale-graph check: told to keep stock's behaviour, the overlay
+#: lets the stale graphs replay and gives stock's wrong tokens (the control arm runs it alone).
+STALE_REPLAY_CASE = _qwen3(
+    "qwen3/compile/decode-only/v2-flag/stale-replay",
+    environment={**V2_FLAG, STALE_GRAPH_VAR: "replay"},
+    stock=V2_FLAG_STALE,
+)
+#: Cases only the negative control's arm runs.
+CONTROL_ONLY_CASES: tuple[Case, ...] = (STALE_REPLAY_CASE,)
+
+# --- end of stale graphs ----------------------------------------------------------------------
 
 
 #: The engine tests' graph cases (every graph arm runs all of them).
@@ -245,7 +289,11 @@ CASES: tuple[Case, ...] = (
         stock=MODE_NONE_CRASH,
         overlay_same_as_stock=True,
     ),
+    # VLLM_USE_V2_MODEL_RUNNER set: stock's graphs are stale (wrong tokens), the overlay refuses
+    # to start with them (the stale-graph block below)
+    STALE_CASE,
 )
+
 
 #: Cases the negative control runs (relaunch skipped: tokens must differ from eager).
 CONTROL_CASES: tuple[str, ...] = (

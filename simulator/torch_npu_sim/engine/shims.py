@@ -170,6 +170,39 @@ MLA_CHUNKED_PREFILL_SHIMS: tuple[Shim, ...] = (
     ),
 )
 
+# --- VLLM_USE_V2_MODEL_RUNNER: vLLM's config check for Triton (the stale-graph case) ----------
+
+
+def _triton_for_v2(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``VllmConfig._validate_v2_model_runner`` with ``HAS_TRITON`` read as True, only while
+    ``VLLM_USE_V2_MODEL_RUNNER`` is set (vllm-ascend makes the variable alone decide v2): the
+    check then passes as on a device, where triton-ascend is importable."""
+    import sys
+
+    import vllm.envs as envs
+
+    module = sys.modules["vllm.config.vllm"]
+    if not envs.VLLM_USE_V2_MODEL_RUNNER or module.HAS_TRITON:
+        return call(*args, **kwargs)
+    module.HAS_TRITON = True
+    try:
+        return call(*args, **kwargs)
+    finally:
+        module.HAS_TRITON = False
+
+
+V2_RUNNER_SHIMS: tuple[Shim, ...] = (
+    Shim(
+        "vllm.config.vllm",
+        "VllmConfig._validate_v2_model_runner",
+        _triton_for_v2,
+        "with VLLM_USE_V2_MODEL_RUNNER set, vLLM requires Triton, which triton-ascend provides on "
+        "a device; here no Triton is installed (the kernels run as torch references)",
+    ),
+)
+
+# --- end of VLLM_USE_V2_MODEL_RUNNER ------------------------------------------------------------
+
 
 SHIMS: tuple[Shim, ...] = (
     Shim(
@@ -218,6 +251,7 @@ SHIMS: tuple[Shim, ...] = (
         "triton-ascend compiles vLLM's Triton kernels for the NPU; here torch references run them",
     ),
     *MLA_CHUNKED_PREFILL_SHIMS,
+    *V2_RUNNER_SHIMS,
 )
 
 _applied = False
