@@ -150,16 +150,27 @@ def dry_run(
     return dry, error
 
 
+def _is_tensor(kind: type) -> bool:
+    return torch.Tensor in kind.__mro__  # (``isinstance`` on torch.Tensor is slow: its metaclass)
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal values: tensors by shape, dtype and contents; sequences element by element."""
     if a is b:
         return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    kind, other = type(a), type(b)
+    if (kind is list or kind is tuple) and (other is list or other is tuple):
+        if kind is other and len(a) == len(b):
+            try:  # host lengths: one C comparison (identical elements compare equal at once)
+                if a == b:
+                    return True
+            except Exception:  # tensors inside: element by element below
+                pass
+        return len(a) == len(b) and all(map(_same, a, b))
+    if _is_tensor(kind) or _is_tensor(other):
+        if not (_is_tensor(kind) and _is_tensor(other)):
             return False
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b)
     except Exception:
@@ -171,12 +182,13 @@ def _identical(a: Any, b: Any) -> bool:
     and of one type (``1`` is not ``1.0``, ``True`` is not ``1``)."""
     if a is b:
         return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+    kind = type(a)
+    if kind is not type(b):
         return False
-    if type(a) is not type(b):
+    if kind is list or kind is tuple:  # the outputs: a fresh list of the captured tensors
+        return len(a) == len(b) and all(map(_identical, a, b))
+    if _is_tensor(kind):
         return False
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b)
     except Exception:
@@ -187,7 +199,7 @@ def _alike(a: Any, b: Any) -> bool:
     """Scratch memory: tensors of one shape, dtype and device (their contents are not data)."""
     if a is b:
         return True
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    if not (_is_tensor(type(a)) and _is_tensor(type(b))):
         return False
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
@@ -220,6 +232,22 @@ def _named(layout: TaskLayout, call: Relaunch) -> tuple[dict[str, Any], str | No
     return named, None
 
 
+_MISSING = object()
+
+
+class _Label:
+    """A task's name in a mismatch, formatted only when one is reported."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def __format__(self, spec: str) -> str:
+        task = self.task
+        return f"{task.kind} {task.layer_name or task.metadata_key} step {task.step}"
+
+
 def _same_argument(layout: TaskLayout, name: str, ours: Any, theirs: Any) -> bool:
     if name in layout.scratch:
         return _alike(ours, theirs)
@@ -231,8 +259,8 @@ def _same_argument(layout: TaskLayout, name: str, ours: Any, theirs: Any) -> boo
 def _compare_task(
     task: Any, kwargs: dict[str, Any], launch: Launch, layout: TaskLayout
 ) -> list[str]:
-    label = f"{task.kind} {task.layer_name or task.metadata_key} step {task.step}"
     problems: list[str] = []
+    label = _Label(task)
     if launch.opened != 1:
         problems.append(f"{label}: stock opened {launch.opened} update scope(s) on it")
     if len(launch.calls) != 1:
@@ -244,7 +272,12 @@ def _compare_task(
     if call.op != layout.op:
         problems.append(f"{label}: stock relaunched it with {call.op}, not {layout.op}")
         return problems
-    if inspect.unwrap(task.op) is not inspect.unwrap(call.function):
+    op = task.op
+    if (
+        op is not call.function
+        and getattr(op, "__wrapped__", None) is not call.function  # ours beneath verify's layer
+        and inspect.unwrap(op) is not inspect.unwrap(call.function)
+    ):
         problems.append(
             f"{label}: op: overlay calls {task.op!r} != stock {call.function!r} ({call.op})"
         )
@@ -253,14 +286,20 @@ def _compare_task(
         problems.append(f"{label}: {why}")
         return problems
     for name, ours in kwargs.items():
-        if name not in theirs:
+        stocks = theirs.get(name, _MISSING)
+        if stocks is ours:  # the common case: the very object (a captured tensor, a constant)
+            continue
+        if stocks is _MISSING:
             problems.append(f"{label}: {name}: overlay passes {_short(ours)}, stock does not")
-        elif not _same_argument(layout, name, ours, theirs[name]):
+        elif not _same_argument(layout, name, ours, stocks):
             problems.append(
                 f"{label}: {name}: overlay {_short(ours)} != stock {_short(theirs[name])}"
             )
-    for name in theirs.keys() - kwargs.keys():
-        problems.append(f"{label}: {name}: stock passes {_short(theirs[name])}, overlay does not")
+    if len(theirs) != len(kwargs) or problems:
+        for name in theirs.keys() - kwargs.keys():
+            problems.append(
+                f"{label}: {name}: stock passes {_short(theirs[name])}, overlay does not"
+            )
     if len(launch.events) != 1 or launch.events[0] is not task.event:
         recorded = ", ".join(f"{type(e).__name__}@{id(e):x}" for e in launch.events) or "none"
         problems.append(
