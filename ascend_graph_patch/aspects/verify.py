@@ -160,13 +160,15 @@ def _same(a: Any, b: Any) -> bool:
         return True
     kind, other = type(a), type(b)
     if (kind is list or kind is tuple) and (other is list or other is tuple):
-        if kind is other and len(a) == len(b):
-            try:  # host lengths: one C comparison (identical elements compare equal at once)
+        if len(a) != len(b):
+            return False
+        if kind is other and not any(_is_tensor(type(x)) for x in a[:1]):
+            try:  # host lengths: one C comparison
                 if a == b:
                     return True
-            except Exception:  # tensors inside: element by element below
+            except Exception:  # a tensor further in: element by element below
                 pass
-        return len(a) == len(b) and all(map(_same, a, b))
+        return all(map(_same, a, b))
     if _is_tensor(kind) or _is_tensor(other):
         if not (_is_tensor(kind) and _is_tensor(other)):
             return False
