@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -80,6 +82,28 @@ def test_long_and_unprintable_values_are_shortened() -> None:
     assert "\\x1b" in argtypes.quote("\x1b[31mred")
 
 
+@pytest.fixture
+def command_runs(mocker: Any) -> list[argparse.Namespace]:
+    """Every command ``cli.main`` loads, with its ``run`` (all its work) replaced by a recorder:
+    the arguments of each run that started, so "no work" is what a test can see."""
+    started: list[argparse.Namespace] = []
+    real_load = cli.load_command
+
+    def load(target: str) -> Any:
+        command = real_load(target)
+
+        def run(args: argparse.Namespace) -> int:
+            started.append(args)
+            return 0
+
+        return SimpleNamespace(
+            add_arguments=command.add_arguments, run=run, HELP=getattr(command, "HELP", None)
+        )
+
+    mocker.patch.object(cli, "load_command", side_effect=load)
+    return started
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -98,7 +122,10 @@ def test_long_and_unprintable_values_are_shortened() -> None:
     ],
 )
 def test_the_commands_refuse_bad_values_before_any_work(
-    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command_runs: list[argparse.Namespace],
 ) -> None:
     report = tmp_path / "report"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
@@ -109,4 +136,23 @@ def test_the_commands_refuse_bad_values_before_any_work(
     (line,) = [x for x in err.splitlines() if "error:" in x]  # one line says what is wrong
     assert line.startswith(f"ascend-graph-patch {argv[0]}: error: argument "), line
     assert "Traceback" not in err
-    assert not report.exists()  # no arm started, no report folder made
+    assert command_runs == []  # the command's run, where all its work is, never started
+    assert not report.exists()  # nor did parsing make ab's report folder
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ab", "--timeout", "5", "--out", "{tmp}/report"],
+        ["bench", "--json", "{tmp}/bench.json", "--rounds", "1"],
+        ["soak", "--steps", "1", "--out", "{tmp}/soak.json"],
+    ],
+)
+def test_good_values_reach_the_commands_run(
+    argv: list[str], tmp_path: Path, command_runs: list[argparse.Namespace]
+) -> None:
+    """Negative control for the test above: with the bad value put right, each command's run
+    starts (recorded, not run), so an empty record there means the value stopped it."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == 0
+    assert len(command_runs) == 1 and command_runs[0].subcommand == argv[0]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ascend_graph_patch.aspects import attention, replay, verify
+from ascend_graph_patch.core.kinds import FIA, FIA_V2, MLA, PA
 from ascend_graph_patch.core.providers import GraphWorkspaceProvider, LengthsWorkspaceProvider
+from ascend_graph_patch.lines.v0_23 import LINE, MLAProvider
 from tests.overlay_support import assert_bitwise, overlay_arm
 
 STEPS = 30
@@ -120,3 +124,99 @@ def test_a_fault_in_verify_comparison_still_applies_stock(stock_dense, mocker):
     assert arm.error is None
     assert_bitwise(arm, stock_dense)
     assert arm.counters["errors.replay.update.verify"] == STEPS
+
+
+# --- verify sees the whole relaunch: one argument mutated at a time ----------------------------
+
+
+def _mutate_template(mocker, kind: str, mutate) -> None:
+    """The line's relaunch template of ``kind``, with ``mutate(template, fields)`` applied to
+    every task's (the overlay then relaunches that; verify applies stock's)."""
+    layout = LINE.layouts[kind]
+    original = layout.template
+
+    def template(fields, module):
+        return mutate(original(fields, module), fields)
+
+    mocker.patch.dict(LINE.layouts, {kind: dataclasses.replace(layout, template=template)})
+
+
+def _key_is_k_pe(t, f):
+    t["key"] = f.k_pe
+    return t
+
+
+def _softmax_scale_one(t, f):
+    t["softmax_scale"] = 1.0
+    return t
+
+
+def _value_is_key(t, f):
+    t["value"] = t["key"]
+    return t
+
+
+def _caches_swapped(t, f):
+    t["key_cache"], t["value_cache"] = t["value_cache"], t["key_cache"]
+    return t
+
+
+def _no_workspace(mocker) -> None:
+    """MLA's provider reads no workspace: every relaunch gets None (the simulator runs it)."""
+    original = MLAProvider.__post_init__
+
+    def post_init(self):
+        original(self)
+        self.steady = ("workspace", lambda: None)
+
+    mocker.patch.object(MLAProvider, "__post_init__", post_init)
+
+
+MUTATIONS = [
+    # (workload, kind, the argument, how) -- the issue's three MLA mutations, target and draft
+    pytest.param("mla", MLA, "workspace", _no_workspace, id="mla-workspace-none"),
+    pytest.param("mla_mtp_k2", MLA, "workspace", _no_workspace, id="mla-draft-workspace-none"),
+    pytest.param("mla", MLA, "key", _key_is_k_pe, id="mla-key-is-k_pe"),
+    pytest.param("mla", MLA, "softmax_scale", _softmax_scale_one, id="mla-softmax-scale-1"),
+    # arguments stock passes positionally in the op's schema (query, key, value; PA: all)
+    pytest.param("dense_gqa", FIA, "value", _value_is_key, id="fia-value-is-key"),
+    pytest.param("sinks", FIA_V2, "value", _value_is_key, id="fia-v2-value-is-key"),
+    pytest.param("paged_attention", PA, "key_cache", _caches_swapped, id="pa-caches-swapped"),
+]
+
+
+@pytest.mark.parametrize("workload, kind, argument, mutation", MUTATIONS)
+def test_verify_reports_a_mutated_relaunch_argument(
+    workload: str, kind: str, argument: str, mutation, mocker, capfd
+) -> None:
+    """Each mutation relaunches one argument other than stock's, on every task: verify must
+    report every task of every step, naming the task, the argument and both values. (Before
+    verify compared the whole relaunch it compared only the lengths and block tables: each of
+    these passed with 0 mismatches, the MLA ones on the real engine too.)"""
+    if mutation is _no_workspace:
+        mutation(mocker)
+    else:
+        _mutate_template(mocker, kind, mutation)
+    arm = overlay_arm(workload, "verify", steps=6)
+    assert arm.error is None, arm.error
+    tasks = arm.counters["verify.tasks"]
+    assert tasks > 0 and arm.counters["verify.updates"] == 6
+    assert arm.counters.get("verify.mismatches", 0) == tasks  # every task, once each
+    err = capfd.readouterr().err
+    (line,) = [x for x in err.splitlines() if "verify: overlay differs from stock" in x]
+    assert f": {argument}: overlay " in line and " != stock " in line, line
+    assert f"{kind} model.layers." in line, line
+
+
+def test_verify_names_an_argument_stock_passes_and_the_overlay_does_not(mocker, capfd) -> None:
+    """A relaunch that drops an argument (FIA v2's learnable sinks) is a mismatch too, named."""
+
+    def no_sinks(t, f):
+        del t["learnable_sink"]
+        return t
+
+    _mutate_template(mocker, FIA_V2, no_sinks)
+    arm = overlay_arm("sinks", "verify", steps=4)
+    assert arm.counters.get("verify.mismatches", 0) == arm.counters["verify.tasks"] > 0
+    err = capfd.readouterr().err
+    assert "learnable_sink: stock passes tensor" in err and "overlay does not" in err

@@ -25,7 +25,7 @@ stock's update differs, and the overlay's values are the layer's own). The engin
 from __future__ import annotations
 
 import importlib
-from functools import partial
+from functools import partial, wraps
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,6 +92,14 @@ def decode_metadata(lengths: list[int], query_ends: list[int] | None, rows: int)
     )
 
 
+class Event:
+    """A task's event: its records go through verify's interceptor, as the installer puts it
+    on ``ExternalEvent.record`` in verify mode (recorded per task in a dry run)."""
+
+    def record(self, stream: Any) -> None:
+        verify.event_record(lambda _stream: None, self, (stream,), {})
+
+
 class Bench:
     """One graph's GraphParams (stock's view) and the overlay's OwnedGraph of the same tasks."""
 
@@ -115,7 +123,8 @@ class Bench:
             ((torch.npu, "graph_task_update_end"), verify.update_end),
         ):
             real = getattr(*target)
-            monkeypatch.setattr(*target, lambda *a, _w=wrapper, _r=real, **k: _w(_r, None, a, k))
+            intercepted = wraps(real)(lambda *a, _w=wrapper, _r=real, **k: _w(_r, None, a, k))
+            monkeypatch.setattr(*target, intercepted)
         self.graph = OwnedGraph(role=role, descriptor=None)
         self.records = 0
 
@@ -125,7 +134,7 @@ class Bench:
             bucket.setdefault(num_tokens, [])
         params.workspaces[num_tokens] = torch.empty(8, dtype=torch.uint8)
         handle = object()
-        event = SimpleNamespace(record=lambda _stream: None)
+        event = Event()
         params.attn_params[num_tokens].append(fields)
         params.handles[num_tokens].append(handle)
         params.events[num_tokens].append(event)
@@ -268,18 +277,57 @@ def test_metadata_stock_cannot_read_is_a_step_fault(broken: Any) -> None:
     assert isinstance(fault.value.error, AttributeError)
 
 
-def test_quantised_layers_relaunch_with_their_dequant_scales() -> None:
-    """An FA-quant layer's tuple carries its dequant scales: the relaunch adds them as stock."""
-    fields = dict(zip(MLA_FIELDS, captured(2, spec=False, seed=0), strict=True))
-    scale_q, scale_kv = torch.ones(2, HEADS), torch.ones(1)
-    fields.update(dequant_scale_q_nope=scale_q, fak_descale=scale_kv)
-    layout = LINE.layouts[MLA]
-    from ascend_graph_patch.core.tasks import fields_of
+def quantised(num_tokens: int, seed: int) -> tuple:
+    """An FA-quant layer's tuple: ``_forward_decode``'s, with its dequant scales."""
+    fields = dict(zip(MLA_FIELDS, captured(num_tokens, spec=False, seed=seed), strict=True))
+    fields.update(dequant_scale_q_nope=torch.rand(num_tokens, HEADS), fak_descale=torch.rand(1))
+    return tuple(fields.values())
 
-    template = layout.template(fields_of(layout, tuple(fields.values())), None)
-    assert template["dequant_scale_query"] is scale_q
-    assert template["dequant_scale_key"] is template["dequant_scale_value"] is scale_kv
-    assert (template["query_quant_mode"], template["key_quant_mode"]) == (3, 0)
+
+def test_quantised_layers_relaunch_as_stock_relaunches_them(mla_v1, monkeypatch) -> None:
+    """An FA-quant layer's relaunch against stock's own (``AscendMLAImpl.update_graph_params``
+    run as verify runs it, every argument compared): nothing differs, and stock passes the
+    captured dequant scales, the very tensors of the tuple, with its quant modes."""
+    bench = Bench(mla_v1, monkeypatch, TARGET)
+    tuples = [quantised(4, seed=i) for i in range(len(LAYERS))]
+    for layer, fields in zip(LAYERS, tuples, strict=True):
+        bench.add(4, layer, 0, fields, None)
+    shared = decode_metadata([7, 12, 3], None, 3)
+    problems, resolved = bench.compare(4, dict.fromkeys(LAYERS, shared), None)
+    assert problems == []
+    scale_q = MLA_FIELDS.index("dequant_scale_q_nope")
+    assert resolved[1][1]["dequant_scale_query"] is tuples[1][scale_q]
+
+
+def _no_workspace(task: Any) -> None:
+    task.provider.steady = ("workspace", lambda: None)  # the graph reads none
+
+
+RELAUNCH_MUTATIONS = {
+    "dequant_scale_key": lambda task: task.template.pop("dequant_scale_key"),
+    "query_quant_mode": lambda task: task.template.update(query_quant_mode=0),
+    "key": lambda task: task.template.update(key=task.template["key_rope"]),
+    "softmax_scale": lambda task: task.template.update(softmax_scale=1.0),
+    "workspace": _no_workspace,
+}
+
+
+@pytest.mark.parametrize("argument", RELAUNCH_MUTATIONS)
+def test_a_relaunch_argument_other_than_stocks_is_caught(mla_v1, monkeypatch, argument) -> None:
+    """Negative controls of the test above, one argument at a time on the quantised template
+    (dropped, another mode, ``key`` set to ``k_pe``, the scale 1.0, no workspace): verify names
+    the argument on every task. (Before it compared only the lengths and the block table, and
+    each of these passed.)"""
+    bench = Bench(mla_v1, monkeypatch, TARGET)
+    for i, layer in enumerate(LAYERS):
+        bench.add(4, layer, 0, quantised(4, seed=i), None)
+    for task in bench.graph.tasks:
+        RELAUNCH_MUTATIONS[argument](task)
+    shared = decode_metadata([7, 12, 3], None, 3)
+    problems, _ = bench.compare(4, dict.fromkeys(LAYERS, shared), None)
+    assert len(problems) == len(LAYERS), problems
+    for layer, problem in zip(LAYERS, problems, strict=True):
+        assert problem.startswith(f"mla {layer} step 0: {argument}: "), problem
 
 
 @pytest.mark.parametrize("name", ["mla", "mla_mtp_k2"])

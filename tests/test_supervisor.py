@@ -76,7 +76,7 @@ COMMAND = textwrap.dedent(
                         subprocess.run(cmd, capture_output=True, timeout=300)
                     return 0
                 code = STUBBORN if "stubborn" in how else FAMILY
-                if how == "plain":  # the orchestrator before: a session of its own, no more
+                if how.startswith("plain"):  # the orchestrator before: a session of its own
                     subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
                 else:
                     supervisor.start([sys.executable, "-c", code])
@@ -90,7 +90,10 @@ COMMAND = textwrap.dedent(
                         os._exit(0)
                     supervisor.adopt(pid)
                 print("ready", flush=True)
-                if how == "raise":
+                if how.endswith(("raise", "done")):  # once the test has seen the children
+                    while not os.path.exists(os.environ["TEST_GO"]):
+                        time.sleep(0.05)
+                if how.endswith("raise"):
                     raise RuntimeError("boom")
                 if how == "done":
                     return 0
@@ -118,6 +121,8 @@ class Command:
         self.log = tmp_path / "output"
         env = {**os.environ, MARK: self.mark, "TEST_GRACE": str(grace)}
         env["TEST_REDELIVER"] = str(redeliver)
+        self.go_file = tmp_path / "go"
+        env["TEST_GO"] = str(self.go_file)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(script), how], env=env, stdout=log, stderr=log
@@ -135,6 +140,10 @@ class Command:
         assert "ready" in self.output, self.output
         found = wait_for(self.mark, processes + 1, deadline=30)
         assert len(found) >= processes + 1, found
+
+    def go(self) -> None:
+        """Let a ``raise`` or ``done`` command go on past its word."""
+        self.go_file.write_text("go")
 
     def end(self, signum: int) -> int:
         self.proc.send_signal(signum)
@@ -271,9 +280,19 @@ def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(commands) -> 
 def test_an_exception_or_the_end_stops_the_children_and_the_guardian(
     commands, how: str, code: int
 ) -> None:
-    cmd = commands(how)
-    assert cmd.proc.wait(timeout=60) == code
+    """The command raises, or returns, once its child, the child's grandchild and the guardian
+    are seen running: all three are gone after it. Negative control: the same children started
+    as before the supervisor outlive a command that raises."""
+    cmd, plain = commands(how), commands("plain raise")
+    cmd.ready(processes=3)  # child, grandchild, guardian: running before the end
+    plain.ready(processes=2)
+    cmd.go()
+    plain.go()
+    assert cmd.proc.wait(timeout=60) == code, cmd.output
+    assert plain.proc.wait(timeout=60) == 1, plain.output
     assert wait_gone(cmd.mark) == {}
+    left = wait_gone(plain.mark, deadline=2.0)
+    assert len(left) == 2, left  # the negative control: both outlive their command
 
 
 def test_stop_clears_the_group_and_forgets_it() -> None:

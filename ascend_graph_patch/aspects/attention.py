@@ -101,6 +101,31 @@ def _module_of(line: Line, layout: TaskLayout) -> Any:
     return sys.modules[line.seams[layout.capture_seam].module]
 
 
+def left_to_stock(scope: shared.CaptureScope) -> str | None:
+    """Why the graph is stock's, when one of its layers holds an impl the line does not own
+    (``Line.refusal``: left to stock, capturing nothing, or unknown to the line); None
+    otherwise. Read once per graph, from the layers the forward context registers."""
+    assert shared.ACTIVE is not None
+    line = shared.ACTIVE.line
+    layers = scope.layers
+    if layers is None:
+        try:
+            layers = get_forward_context().no_compile_layers
+        except Exception:  # no forward context (a harness): nothing registered to inspect
+            return None
+    judged: dict[type, str | None] = {}
+    for layer in layers.values():
+        impl = getattr(layer, "impl", None)
+        if impl is None:
+            continue
+        cls = type(impl)
+        if cls not in judged:
+            judged[cls] = line.refusal(impl)
+        if judged[cls] is not None:
+            return judged[cls]
+    return None
+
+
 def own_tasks(scope: shared.CaptureScope) -> None:
     """Turn what the graph's capture appended into its tasks, in one pass after the capture.
 

@@ -9,7 +9,6 @@ wrappers also set `forward_context.capturing`, hence the explicit FULL filter.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from vllm.config import CUDAGraphMode
@@ -18,7 +17,7 @@ from vllm.forward_context import get_forward_context
 from ascend_graph_patch import state
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects import stale
-from ascend_graph_patch.aspects.attention import own_tasks
+from ascend_graph_patch.aspects.attention import left_to_stock, own_tasks
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import CaptureRefused, OwnedGraph
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
@@ -61,32 +60,6 @@ def open_scope(owner: Any, role: str, descriptor: Any) -> shared.CaptureScope:
         handles_before=shared.total_handles(graph_params),
         lengths_before=shared.lengths(graph_params),
     )
-
-
-def left_to_stock(scope: shared.CaptureScope) -> str | None:
-    """Why the graph is stock's when one of its layers is an impl the line leaves to stock
-    (context-parallel, SFA, DSA: their own capture and update paths, or nothing to update);
-    None otherwise. Read once per graph, from the layers the forward context registers."""
-    assert shared.ACTIVE is not None
-    kinds = [
-        (cls, entry.reason)
-        for entry in shared.ACTIVE.line.left_to_stock
-        if (cls := getattr(sys.modules.get(entry.module), entry.qualname, None)) is not None
-    ]
-    if not kinds:  # none of those modules loaded: no such impl can exist
-        return None
-    layers = scope.layers
-    if layers is None:
-        try:
-            layers = get_forward_context().no_compile_layers
-        except Exception:  # no forward context (a harness): nothing registered to inspect
-            return None
-    for layer in layers.values():
-        impl = getattr(layer, "impl", None)
-        for cls, reason in kinds:
-            if isinstance(impl, cls):
-                return reason
-    return None
 
 
 def own_captured(scope: shared.CaptureScope, runner: str = "v1") -> None:

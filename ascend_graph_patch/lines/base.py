@@ -148,8 +148,16 @@ class TaskLayout:
     #: recomputed from the fresh lengths by ``workspace_getter`` (a ``torch_npu`` path).
     workspace: str = "graph"
     workspace_getter: str | None = None
-    #: The relaunch keywords that change per step: what verify compares with stock.
+    #: The relaunch keywords whose values stock computes per step (lengths, a draft's block
+    #: table): verify compares them by value; every other argument must be the very object (or
+    #: an equal value of one type) stock passes.
     dynamic_args: tuple[str, ...] = ()
+    #: The op's leading parameters, in order, as its schema names them (torch-npu 2.10.0.post4):
+    #: how verify names the arguments stock passes by position.
+    positional: tuple[str, ...] = ()
+    #: Relaunch keywords of scratch memory stock allocates per step (PA's recomputed workspace):
+    #: verify compares them by shape, dtype and device (their contents are not data).
+    scratch: tuple[str, ...] = ()
     #: The kind's own provider, when its values are more than ``binds`` read as they are (MLA:
     #: nested decode fields, padded lengths, a draft's block table slice); None: the generic ones.
     provider: ProviderFactory | None = None
@@ -180,13 +188,25 @@ def no_stale_cause(runner: str) -> str | None:
     return None
 
 
+#: What the overlay does with a graph holding an attention impl (``ImplFate.fate``):
+OWNED = "owned"  # its task groups are captured through the line's seams: owned, updated
+STOCK = "left to stock"  # its own capture / update path the overlay does not model: refused
+NOTHING = "captures nothing"  # it opens no task group, stock updates nothing: refused, named
+
+
 @dataclass(frozen=True)
-class LeftToStock:
-    """An attention impl class whose graphs the overlay refuses, and why (``status`` says so)."""
+class ImplFate:
+    """One attention impl class of the release and what becomes of a graph holding it.
+
+    Every impl class the release defines has one (``tests/test_lines.py`` enumerates them from
+    the installed modules); a graph holding an attention impl of a class without one is refused
+    too (:meth:`Line.refusal`), so a class the line does not know is never owned.
+    """
 
     module: str
     qualname: str
-    reason: str
+    fate: str  # OWNED / STOCK / NOTHING
+    reason: str  # why: the seams it is owned through, or what ``status`` shows for a refusal
 
 
 @dataclass(frozen=True)
@@ -214,8 +234,12 @@ class Line:
     #: Seam keys of aspects this release has no seam for (an earlier or later release lacks a
     #: path): those aspects are not installed, and their group's gate does not ask for them.
     absent: Mapping[str, str] = field(default_factory=dict)
-    #: Attention impl classes whose graphs are refused at capture, with the reason.
-    left_to_stock: tuple[LeftToStock, ...] = ()
+    #: The fate of every attention impl class of the release (owned, left to stock, captures
+    #: nothing), by module and qualified name: :meth:`refusal` reads it.
+    impls: tuple[ImplFate, ...] = ()
+    #: (module, qualified name) of the base every attention impl derives from: a layer's
+    #: ``impl`` whose class does not is no attention impl (a MoE kernel's), not the line's concern.
+    impl_base: tuple[str, str] = ("vllm.v1.attention.backend", "AttentionImplBase")
     #: ``module:attr`` of every update entry point the runners call (timed by ``ab``).
     update_entry_points: tuple[str, ...] = ()
     #: The seam modules ``status --check`` imports to run the gate here, in an order that
@@ -223,6 +247,32 @@ class Line:
     check_imports: tuple[str, ...] = ()
     #: The known cause of a stale capture, named in the error (``aspects/stale.py``).
     stale_cause: StaleCauseRule = no_stale_cause
+
+    def fate(self, cls: type) -> ImplFate | None:
+        """The fate of ``cls`` itself (None: the line does not know it; a subclass of a class
+        it owns may capture otherwise, as the release's FA3 and 310P impls do)."""
+        for fate in self.impls:
+            if fate.qualname == cls.__qualname__ and fate.module == cls.__module__:
+                return fate
+        return None
+
+    def refusal(self, impl: Any) -> str | None:
+        """Why a graph holding ``impl`` is left to stock; None when it is owned.
+
+        Derived, not listed: an impl is owned only if its class is one the line owns through
+        its seams; one left to stock or capturing nothing is refused with the line's reason, and
+        any other attention impl (a subclass included) is refused as unknown to the line.
+        """
+        cls = type(impl)
+        fate = self.fate(cls)
+        if fate is None:
+            if not any((k.__module__, k.__qualname__) == self.impl_base for k in cls.__mro__):
+                return None  # no attention impl
+            return (
+                f"attention impl {cls.__module__}.{cls.__qualname__} is unknown to line "
+                f"{self.name} (no fate for it or any of its bases): left to stock"
+            )
+        return None if fate.fate == OWNED else fate.reason
 
     def has(self, seam: str) -> bool:
         """Whether this release has seam ``seam`` (KeyError if the line does not know the key)."""

@@ -17,10 +17,13 @@ from ascend_graph_patch.core.graph import CaptureRefused, MetadataFault
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, FIA, FIA_V2, MLA, PA, TARGET
 from ascend_graph_patch.core.providers import group_of
 from ascend_graph_patch.lines.base import (
+    NOTHING,
+    OWNED,
+    STOCK,
     CaptureContext,
     Check,
+    ImplFate,
     Interceptor,
-    LeftToStock,
     Line,
     Seam,
     TaskLayout,
@@ -349,6 +352,15 @@ def _rows(query: Any) -> int:
     return query.shape[0]
 
 
+#: The leading parameters of the ops' schemas (torch-npu 2.10.0.post4): FIA and FIA v2 (``.out``)
+#: take ``query, key, value`` by position, then keywords only; PA takes all but its workspace.
+FIA_OP_POSITIONAL = ("query", "key", "value")
+PA_OP_POSITIONAL = tuple(
+    "query key_cache value_cache num_kv_heads num_heads scale_value block_table context_lens "
+    "out".split()
+)
+
+
 LAYOUTS: dict[str, TaskLayout] = {
     FIA: TaskLayout(
         kind=FIA,
@@ -366,6 +378,7 @@ LAYOUTS: dict[str, TaskLayout] = {
         rebind_table=fia_rebinds_table,
         draft_causal="causal",
         dynamic_args=("actual_seq_lengths", "actual_seq_lengths_kv", "block_table", "sparse_mode"),
+        positional=FIA_OP_POSITIONAL,
     ),
     FIA_V2: TaskLayout(
         kind=FIA_V2,
@@ -377,6 +390,7 @@ LAYOUTS: dict[str, TaskLayout] = {
         key_of=_query_ends_last,
         binds=(("actual_seq_qlen", "actual_seq_lengths_q"), ("actual_seq_kvlen", "seq_lens_list")),
         dynamic_args=("actual_seq_qlen", "actual_seq_kvlen", "block_table"),
+        positional=FIA_OP_POSITIONAL,
     ),
     PA: TaskLayout(
         kind=PA,
@@ -390,6 +404,8 @@ LAYOUTS: dict[str, TaskLayout] = {
         workspace="per_lengths",
         workspace_getter="_npu_paged_attention_get_workspace",
         dynamic_args=("context_lens", "block_table"),
+        positional=PA_OP_POSITIONAL,
+        scratch=("workspace",),
     ),
     MLA: TaskLayout(
         kind=MLA,
@@ -402,6 +418,8 @@ LAYOUTS: dict[str, TaskLayout] = {
         binds=(),  # its own provider reads the nested decode fields
         provider=mla_provider,
         dynamic_args=("actual_seq_kvlen", "actual_seq_qlen", "block_table"),
+        # stock passes ``q_nope, k_nope, k_nope`` by position: query, key, value
+        positional=FIA_OP_POSITIONAL,
     ),
 }
 
@@ -467,31 +485,89 @@ def stale_cause(runner: str) -> str | None:
         return None
 
 
-#: Graphs holding one of these impls are refused at capture, with the reason in ``status``.
-LEFT_TO_STOCK = (
-    LeftToStock(
+ATTN_310P = "vllm_ascend._310p.attention.attention_v1"
+
+#: Every attention impl class of the release, and its fate (``tests/test_lines.py`` enumerates
+#: the classes from the installed modules and checks each one's). Owned: captured through the
+#: FIA / FIA v2 / PA seams of ``AscendAttentionBackendImpl`` or MLA's ``_forward_decode``. A
+#: graph holding any other is refused at capture with the reason here, shown in ``status``.
+IMPLS = (
+    ImplFate(
+        ATTN,
+        IMPL,
+        OWNED,
+        "FIA, FIA v2 (sinks) and PA task groups, captured by its full_graph_fia / _fia_v2 / _pa",
+    ),
+    ImplFate(
+        ATTN,
+        "AscendC8AttentionBackendImpl",
+        OWNED,
+        "its graph path is the backend's "
+        "full_graph_fia (INT8 KV: the antiquant scales ride in the captured tuple)",
+    ),
+    ImplFate(MLA_MODULE, MLA_IMPL, OWNED, "MLA task groups, captured by its _forward_decode"),
+    ImplFate(
         f"{CP}.mla_cp",
         "AscendMlaCPImpl",
+        STOCK,
         "context-parallel MLA (AscendMlaCPImpl, DCP/PCP > 1): its own capture and update "
         "(cp_seq_len per rank) are not modelled by the overlay",
     ),
-    LeftToStock(
+    ImplFate(
         f"{CP}.attention_cp",
         "AscendAttentionCPImpl",
+        STOCK,
         "context-parallel attention (AscendAttentionCPImpl, DCP/PCP > 1): its own capture and "
         "update (per-rank computed tokens) are not modelled by the overlay",
     ),
-    LeftToStock(
+    ImplFate(
         "vllm_ascend.attention.sfa_v1",
         "AscendSFAImpl",
+        NOTHING,
         "sparse MLA (AscendSFAImpl, DeepSeek V3.2 / GLM-5): captures no task groups and its "
         "update does nothing: nothing to own",
     ),
-    LeftToStock(
+    ImplFate(
+        f"{CP}.sfa_cp",
+        "AscendSFACPImpl",
+        NOTHING,
+        "context-parallel sparse MLA (AscendSFACPImpl): captures no task groups and its update "
+        "(SFA's) does nothing: nothing to own",
+    ),
+    ImplFate(
+        f"{CP}.sfa_cp",
+        "AscendSFADCPImpl",
+        NOTHING,
+        "decode-context-parallel sparse MLA (AscendSFADCPImpl): captures no task groups and its "
+        "update (SFA's) does nothing: nothing to own",
+    ),
+    ImplFate(
         "vllm_ascend.attention.dsa_v1",
         "AscendDSAImpl",
+        NOTHING,
         "DSA (AscendDSAImpl, DeepSeek V4): captures no task groups and the runner never updates "
         "its graphs: nothing to own",
+    ),
+    ImplFate(
+        f"{CP}.dsa_cp",
+        "AscendDSACPImpl",
+        NOTHING,
+        "context-parallel DSA (AscendDSACPImpl, DeepSeek V4 with DCP/PCP): captures no task "
+        "groups and has no update of its own: nothing to own",
+    ),
+    ImplFate(
+        "vllm_ascend.attention.fa3_v1",
+        "AscendFAImpl",
+        NOTHING,
+        "FA3 (AscendFAImpl): its forward_impl launches flash attention directly, never the "
+        "backend's full_graph_* task groups: nothing to own",
+    ),
+    ImplFate(
+        ATTN_310P,
+        "AscendAttentionBackendImpl310",
+        NOTHING,
+        "310P attention (AscendAttentionBackendImpl310): its forward_impl and "
+        "forward_paged_attention launch their ops directly, never a task group: nothing to own",
     ),
 )
 
@@ -626,7 +702,7 @@ LINE = Line(
     draft_step=draft_step,
     metadata_key=metadata_key,
     verify_interceptors=VERIFY_INTERCEPTORS,
-    left_to_stock=LEFT_TO_STOCK,
+    impls=IMPLS,
     # every module that imported ``update_full_graph_params`` by name and calls it
     update_entry_points=(
         "vllm_ascend.worker.model_runner_v1:update_full_graph_params",
