@@ -76,7 +76,7 @@ def test_enabled_by_environment_installs_once_whatever_the_order(order: str) -> 
     out = probe("on", order)
     assert out["update_wrapped"] and out["call_wrapped"] and not out["double_wrapped"]
     v1 = sorted(a.name for a in ASPECTS if a.group == "v1")  # what loading vllm_ascend installs
-    assert sorted(out["installed"]) == v1 and len(v1) == 6
+    assert sorted(out["installed"]) == v1 and len(v1) == 7
 
 
 def test_enabled_in_process_after_import_installs_immediately() -> None:

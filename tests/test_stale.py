@@ -170,3 +170,29 @@ def test_an_unknown_switch_value_fails_and_says_so() -> None:
     assert settings.stale_graph(environ) == "fail"
     (problem,) = settings.problems(environ)
     assert settings.ENV_STALE_GRAPH in problem and "replay" in problem
+
+
+def test_every_forward_that_decides_the_graph_path_is_noted() -> None:
+    """Each attention forward of the release that reads the capture flag itself (the base impl's
+    and the INT8-KV subclass's, which never calls the base's) carries the note: a layer whose
+    forward is not noted could run outside its graph path unseen. Read from the release's source,
+    not a list."""
+    import inspect
+
+    from ascend_graph_patch.aspects import ASPECTS
+    from ascend_graph_patch.lines.v0_23 import LINE as V0_23
+
+    noted = {
+        V0_23.seams[a.seam].qualname for a in ASPECTS if a.wrapper.endswith("stale:attention_ran")
+    }
+    import importlib
+
+    importlib.import_module("vllm_ascend.ops")  # import order (circular import otherwise)
+    module = importlib.import_module(V0_23.seams["attention.forward"].module)
+    deciding = set()  # the forward each class that reads the flag runs (its own or inherited)
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        if cls.__module__ == module.__name__ and "_EXTRA_CTX.capturing" in inspect.getsource(cls):
+            owner = next(k for k in cls.__mro__ if "forward" in k.__dict__)
+            deciding.add(f"{owner.__qualname__}.forward")
+    assert len(deciding) >= 2, deciding
+    assert deciding <= noted, deciding - noted

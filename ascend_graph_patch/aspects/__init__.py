@@ -72,6 +72,15 @@ ASPECTS: tuple[Aspect, ...] = (
         "captured (the capture flag is one attribute both runners set and attention reads)",
     ),
     Aspect(
+        "attention.ran_c8",
+        "v1",
+        "attention.forward_c8",
+        f"{_A}.stale:attention_ran",
+        "the same note for INT8-KV layers (AscendC8AttentionBackendImpl takes its graph path in "
+        "a forward of its own, which never calls the base's)",
+        "as attention.ran",
+    ),
+    Aspect(
         "replay.update",
         "v1",
         "attention.update_graph_params",

@@ -79,6 +79,23 @@ SEAMS: dict[str, Seam] = {
             "output_block_scale",
         ),
     ),
+    # the INT8-KV subclass decides its graph path in a forward of its own (never the base's)
+    "attention.forward_c8": Seam(
+        ATTN,
+        "AscendC8AttentionBackendImpl.forward",
+        (
+            "self",
+            "layer",
+            "query",
+            "key",
+            "value",
+            "kv_cache",
+            "attn_metadata",
+            "output",
+            "output_scale",
+            "output_block_scale",
+        ),
+    ),
     # a staticmethod reached through update_full_graph_params, which five modules import by name:
     # the class attribute is the one place every caller goes through
     "attention.update_graph_params": Seam(ATTN, f"{IMPL}.update_graph_params", UPDATE_PARAMS),
