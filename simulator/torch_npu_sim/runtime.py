@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import threading
 from collections import deque
@@ -1034,14 +1035,25 @@ def _freeze(frozen: dict, names: tuple[str, ...]) -> None:
 class SimOp:
     """A simulated NPU op: one task when captured, an arg update inside an update scope."""
 
-    __slots__ = ("name", "fn", "out", "tensor_args", "__wrapped__")
+    __slots__ = ("name", "fn", "out", "tensor_args", "rules", "signature", "__wrapped__")
 
     def __init__(self, name: str, fn: Callable[..., Any], out: SimOp | None = None) -> None:
         self.name = name
         self.fn = fn
         self.out = out
         self.tensor_args = TENSOR_ARGS.get(name, ())
+        # what the real op refuses at launch (``op_rules``), checked where its body does not run:
+        # a capture inside a task group, and a relaunch inside a task update
+        self.rules: Callable[[dict[str, Any], bool], None] | None = getattr(
+            fn, "launch_rules", None
+        )
+        self.signature = inspect.signature(fn) if self.rules is not None else None
         self.__wrapped__ = fn
+
+    def _check_in_graph(self, args: tuple, kwargs: dict) -> None:
+        bound = self.signature.bind(*args, **kwargs)  # type: ignore[union-attr]
+        bound.apply_defaults()
+        self.rules(bound.arguments, True)  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _S.null_cost:  # before the lock: the benchmark's runtime calls cost nothing
@@ -1060,6 +1072,8 @@ class SimOp:
             s.counters["op_launches"] += 1
             if s.null_cost:
                 return None
+            if self.rules is not None:
+                self._check_in_graph(args, kwargs)
             _apply_update(self.name, args, kwargs)
             return None
         if s.null_cost:
@@ -1069,6 +1083,8 @@ class SimOp:
             return self.fn(*args, **kwargs)
         s.counters["op_launches"] += 1
         if s.capturing is not None:
+            if self.rules is not None and s.group is not None:
+                self._check_in_graph(args, kwargs)
             task = _Task(self.name, self.fn, args, freeze_host_args(self.name, kwargs))
             task.sim = True
             s.capturing._record(task)
