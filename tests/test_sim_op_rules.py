@@ -176,6 +176,7 @@ def test_launches_as_vllm_ascend_makes_them_are_accepted(name: str, gen, rt) -> 
 
 
 def _capture(launch: Launch) -> tuple[runtime.NPUGraph, Any]:
+    """Capture the launch in a task group, as vllm-ascend's capture does."""
     op, args, kwargs = launch
     graph, stream = runtime.NPUGraph(), runtime.Stream()
     with runtime.stream(stream):
@@ -184,10 +185,10 @@ def _capture(launch: Launch) -> tuple[runtime.NPUGraph, Any]:
             runtime.graph_task_group_begin(stream)
             op(*args, **kwargs)
             handle = runtime.graph_task_group_end(stream)
-        finally:
-            if runtime._S.group is not None:
-                runtime._S.group = None
-            graph.capture_end()
+        except BaseException:
+            graph.abandon_capture()
+            raise
+        graph.capture_end()
     return graph, handle
 
 

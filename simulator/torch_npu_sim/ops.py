@@ -43,6 +43,10 @@ Conventions chosen where the NPU documentation is the only reference:
   PA workspace computed for one step's lengths may be too small for another step's. Ops given a
   smaller workspace than their own arguments need raise, like a kernel that would overrun it.
 
+What the real ops refuse at launch (a graph relaunch without its workspace, length lists that
+do not match the batch, a block table of another shape or dtype, mismatched rope inputs, ...) is
+refused too, at every launch and at every task update: ``op_rules.py``.
+
 Not modelled (raise NotImplementedError if given non-None): pse_shift / pse, quantised outputs,
 dequant of quantised queries, shared prefixes, per-token antiquant (mode != 0), dropout.
 """
