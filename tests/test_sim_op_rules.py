@@ -268,6 +268,13 @@ def test_rule_fia_paged_table(gen, rt) -> None:
     refused((op, args, {**kwargs, "block_table": torch.cat([table, table])}), "fia-paged-table")
 
 
+@pytest.mark.parametrize("name", ["fia", "mla_spec_target"])
+def test_rule_fia_paged_block_size(name, gen, rt) -> None:
+    """ "block_size需要传入非0值" (page attention, Q_S = 1): the template's block_size dropped."""
+    op, args, kwargs = LAUNCHES[name](gen)
+    refused((op, args, {**kwargs, "block_size": 0}), "fia-paged-block-size")
+
+
 def test_rule_fia_paged_kv_shape_refuses_the_rope_cache_as_key(gen, rt) -> None:
     """The MLA template's ``key`` set to ``k_pe``: "key and value must have one shape" (page
     attention), which the latent cache and the rope cache do not."""

@@ -134,6 +134,11 @@ def fia_rules(op: str, a: Mapping[str, Any], *, v2: bool, in_graph: bool) -> Non
                 f"block_table must be a 2-D int32 tensor, got {tuple(block_table.shape)} "
                 f"{block_table.dtype}",
             )
+        if a["block_size"] <= 0:
+            refuse(
+                "fia-paged-block-size",
+                f"page attention needs a block_size (non-zero), got {a['block_size']}",
+            )
         if block_table.shape[0] != batch:
             refuse(
                 "fia-paged-table",
