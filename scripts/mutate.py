@@ -74,6 +74,8 @@ TESTS_BY_KIND = {
     ),
     "MLA": (
         _SCENARIO.format(_VERIFY, "mla"),
+        _SCENARIO.format(_BITWISE, "mla"),
+        "tests/test_mtp.py::test_overlay_equals_stock_equals_eager[mla_mtp_k2]",
         "tests/test_mla.py::test_plain_target_graph_matches_stock",
         "tests/test_mla.py::test_mtp_target_graph_matches_stock",
         "tests/test_mla.py::test_draft_graph_matches_stock_per_step",
@@ -96,7 +98,9 @@ QUICK_TESTS_BY_KIND = {kind: tests[:1] for kind, tests in TESTS_BY_KIND.items()}
 #: and grow the KV lengths across block boundaries; ``--steps`` changes it.
 STEPS = 24
 #: ``--quick`` keeps these operators (one or two per site).
-QUICK_OPERATORS = frozenset({"drop", "padding", "step", "floordiv", "bind-drop", "layer"})
+QUICK_OPERATORS = frozenset(
+    {"drop", "padding", "step", "floordiv", "bind-drop", "layer", "steady-none"}
+)
 
 
 @dataclass
@@ -424,6 +428,27 @@ class Finder:
                     str(node.value + 1),
                 )
 
+    def steady(self, src: Source, cls: ast.ClassDef) -> None:
+        """A provider's steady value (``self.steady = (keyword, getter)``: the graph's workspace,
+        written into every task's template) forced to None."""
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Attribute) and t.attr == "steady" for t in node.targets)
+                and isinstance(node.value, ast.Tuple)
+                and len(node.value.elts) == 2
+            ):
+                key, getter = node.value.elts
+                self.add(
+                    src,
+                    getter,
+                    f"{cls.name}.steady",
+                    src.text(key).strip("\"'"),
+                    "steady-none",
+                    f"the steady {src.text(key)} forced to None for every task",
+                    "lambda: None",
+                )
+
     # -- layouts ----------------------------------------------------------------------------------
     def layout(self, src: Source, call: ast.Call, kind: str) -> None:
         kw = _keywords(call)
@@ -571,6 +596,7 @@ def discover() -> list[Mutant]:
                 for fn in cls.body:
                     if isinstance(fn, ast.FunctionDef) and fn.name == "values":
                         finder.provider(src, fn, f"{name}.values", op)
+                finder.steady(src, cls)
         for call in _calls_named(src.tree, "Line"):
             for role, ref in _keywords(call).items():
                 named = isinstance(ref, ast.Name) and ref.id in functions
@@ -582,6 +608,7 @@ def discover() -> list[Mutant]:
             # the core's providers by the workspace they serve: per_lengths (PA) or the graph's
             source = "per_lengths" if "Lengths" in cls.name else "graph"
             finder.kind = workspace_kinds.get(source, "FIA")
+            finder.steady(src, cls)
             for fn in cls.body:
                 if isinstance(fn, ast.FunctionDef) and fn.name == "values":
                     finder.provider(src, fn, f"{cls.name}.values", None)
