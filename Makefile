@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: stack test lint ab bench soak clean
+.PHONY: stack test lint ab bench soak mutate clean
 
 stack:
 	bash scripts/build-stack.sh
@@ -25,5 +25,10 @@ bench: stack
 soak: stack
 	$(VENV)/bin/ascend-graph-patch soak
 
+# Mutation testing of the line's relaunch arguments (not part of `make test`): MUTATE_ARGS=--quick
+# for the short run; the table lands in mutation-report/ (docs/design.md, "Mutation testing").
+mutate: stack
+	$(PY) scripts/mutate.py $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info simulator/build simulator/*.egg-info ab-report soak-result.json
+	rm -rf $(VENV) build *.egg-info simulator/build simulator/*.egg-info ab-report soak-result.json mutation-report

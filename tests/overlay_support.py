@@ -7,6 +7,7 @@ in it, read before the engine closes: counters, status snapshot, owned and refus
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,9 @@ from ascend_graph_patch import activation, state, status
 from torch_npu_sim.harness import scenarios
 from torch_npu_sim.workload import ArmResult, StepHook, Workload, bitwise_equal, run_arm
 
-STEPS = 200
+#: Replay steps per arm: 200 in the suite; ``scripts/mutate.py`` sets fewer (``AGP_TEST_STEPS``)
+#: to bound a mutation run's time.
+STEPS = int(os.environ.get("AGP_TEST_STEPS", "200"))
 EAGER_TOL = 1e-5
 
 

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from torch_npu_sim import mla_ops, moe_ops, ops
+from torch_npu_sim import mla_ops, ops
 
 
 @pytest.fixture
@@ -107,11 +107,19 @@ def test_kv_rmsnorm_rope_cache_returns_the_values_for_prefill(gen: torch.Generat
         kv, gamma, cos, sin, offsets, k_cache, ckv_cache, cache_mode="Norm", is_output_kv=True
     )
     assert k_rope.shape == (2, 1, 3, 4) and c_kv.shape == (2, 1, 3, 8)
-    torch.testing.assert_close(
-        c_kv.double(), _rms_oracle(kv[..., :8], gamma, 1e-5), atol=1e-5, rtol=0
-    )
-    torch.testing.assert_close(ckv_cache[1, 0, 3:6], c_kv[1, 0])
-    torch.testing.assert_close(k_cache[0, 0, 0:3], k_rope[0, 0])
+    want_c = _rms_oracle(kv[..., :8], gamma, 1e-5)
+    # the rope oracle turns dimension 0 by its position: put the sequence there and back
+    want_k = rope_oracle(kv[..., 8:].permute(2, 0, 1, 3), positions).permute(1, 2, 0, 3)
+    torch.testing.assert_close(c_kv.double(), want_c, atol=1e-5, rtol=0)
+    torch.testing.assert_close(k_rope.double(), want_k, atol=1e-5, rtol=0)
+    # each batch's tokens at its own offsets in both caches, from the oracles, not the returns
+    for b, rows in enumerate(offsets.tolist()):
+        torch.testing.assert_close(ckv_cache[b, 0, rows].double(), want_c[b, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(k_cache[b, 0, rows].double(), want_k[b, 0], atol=1e-5, rtol=0)
+        others = [r for r in range(6) if r not in rows]
+        assert bool((ckv_cache[b, 0, others] == 0).all()) and bool(
+            (k_cache[b, 0, others] == 0).all()
+        )
 
 
 @pytest.mark.parametrize("quantised", ["c_kv_scale", "v"])
@@ -170,15 +178,27 @@ def test_attention_update_merges_partial_attention_into_the_whole(gen: torch.Gen
 
 
 def deepseek_routing_oracle(
-    logits: torch.Tensor, bias: torch.Tensor, k: int, groups: int, k_group: int, scale: float
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    k: int,
+    groups: int,
+    k_group: int,
+    scale: float,
+    softmax: bool = False,
 ) -> list[dict[int, float]]:
     """DeepSeek-V3's router per token: sigmoid scores, groups ranked by the sum of their two
     best biased scores, experts outside the best ``k_group`` groups masked, top-k by biased score,
-    weights the unbiased scores renormalised and scaled."""
+    weights the unbiased scores renormalised and scaled. With ``softmax``: softmax scores,
+    weights not renormalised (``norm_type`` 0, ``renorm`` 0)."""
     out = []
     per_group = logits.shape[1] // groups
     for row in logits.double().tolist():
-        scores = [1 / (1 + math.exp(-v)) for v in row]
+        if softmax:
+            top = max(row)
+            exps = [math.exp(v - top) for v in row]
+            scores = [e / sum(exps) for e in exps]
+        else:
+            scores = [1 / (1 + math.exp(-v)) for v in row]
         biased = [s + float(b) for s, b in zip(scores, bias.tolist(), strict=True)]
         rank = []
         for g in range(groups):
@@ -187,9 +207,17 @@ def deepseek_routing_oracle(
         kept = {g for _, g in sorted(rank, reverse=True)[:k_group]}
         allowed = [e for e in range(len(row)) if e // per_group in kept]
         chosen = sorted(allowed, key=lambda e: -biased[e])[:k]
-        total = sum(scores[e] for e in chosen)
+        total = 1.0 if softmax else sum(scores[e] for e in chosen)
         out.append({e: scores[e] / total * scale for e in chosen})
     return out
+
+
+def _same_routing(weights: torch.Tensor, ids: torch.Tensor, want: list[dict[int, float]]) -> None:
+    for r, expected in enumerate(want):
+        got = dict(zip(ids[r].tolist(), weights[r].tolist(), strict=True))
+        assert set(got) == set(expected)
+        for e, w in expected.items():
+            assert got[e] == pytest.approx(w, abs=1e-5)
 
 
 def test_moe_gating_top_k_routes_as_deepseek_v3(gen: torch.Generator) -> None:
@@ -209,22 +237,44 @@ def test_moe_gating_top_k_routes_as_deepseek_v3(gen: torch.Generator) -> None:
     )
     assert ids.dtype == torch.int32 and scores.dtype == torch.float32
     torch.testing.assert_close(scores.double(), torch.sigmoid(logits.double()), atol=1e-6, rtol=0)
-    want = deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5)
-    for r in range(9):
-        got = dict(zip(ids[r].tolist(), weights[r].tolist(), strict=True))
-        assert set(got) == set(want[r])
-        for e, w in want[r].items():
-            assert got[e] == pytest.approx(w, abs=1e-5)
+    _same_routing(weights, ids, deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5))
     # the grouping decides: without it some token picks experts from both groups
     _, free, _ = mla_ops.npu_moe_gating_top_k(logits, 2, bias=bias, norm_type=1)
     assert any(len({e // 4 for e in row}) == 2 for row in free.tolist())
-    # the A2 device's _C_ascend router (renorm 1) routes the same tokens the same way
-    a2, a2_ids, _ = moe_ops.moe_gating_top_k(
-        logits, 2, 1, 2, 1, renorm=1, norm_type=1, routed_scaling_factor=2.5, eps=0.0, bias_opt=bias
+    # softmax scoring (norm_type 0), not renormalised
+    weights, ids, _ = mla_ops.npu_moe_gating_top_k(
+        logits, 3, bias=bias, group_count=2, k_group=1, group_select_mode=1, eps=0.0
     )
-    assert torch.equal(a2_ids, ids) and torch.equal(a2, weights)
+    _same_routing(weights, ids, deepseek_routing_oracle(logits, bias, 3, 2, 1, 1.0, softmax=True))
     with pytest.raises(NotImplementedError, match="renorm"):
         mla_ops.npu_moe_gating_top_k(logits, 2, renorm=1)
+
+
+def test_the_a2_router_routes_as_deepseek_v3(gen: torch.Generator) -> None:
+    """The A2 device's router, ``torch.ops._C_ascend.moe_gating_top_k``, called as vllm-ascend's
+    ``DeviceOperator.moe_gating_top_k`` calls it (renorm 1 for DeepSeek's sigmoid scoring),
+    against the per-token oracle (it used to be compared with ``npu_moe_gating_top_k``, which
+    computes it with the same function)."""
+    from torch_npu_sim.engine import ascend_c_ops
+
+    ascend_c_ops.install()
+    logits = torch.randn(9, 8, generator=gen)
+    bias = 0.5 * torch.randn(8, generator=gen)
+    weights, ids, _ = torch.ops._C_ascend.moe_gating_top_k(
+        logits,
+        k=2,
+        k_group=1,
+        group_count=2,
+        group_select_mode=1,
+        renorm=1,
+        norm_type=1,
+        out_flag=False,
+        routed_scaling_factor=2.5,
+        eps=1e-20,
+        bias_opt=bias,
+    )
+    assert ids.dtype == torch.int32
+    _same_routing(weights, ids, deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5))
 
 
 # --- MLA decode attention: FIA v2 with the rope split --------------------------------------------
