@@ -1240,10 +1240,17 @@ def _npu_paged_attention(
 
 
 def _pa_launch_rules(a: dict[str, Any], in_graph: bool) -> None:
-    """What a PA launch is refused for: ``op_rules.pa_rules``, and a workspace too small."""
+    """What a PA launch is refused for: ``op_rules.pa_rules``, and a workspace too small.
+
+    The workspace's size is checked where the launch runs (eagerly, and at replay, when the task
+    runs this body with the arguments its update gave it), not for a launch recorded into a
+    graph or a relaunch being recorded: the release captures every PA layer of a size with the
+    workspace it cached for the first one (``full_graph_pa``, ``graph_params.workspaces``), which
+    a later, larger layer outgrows (Gemma4's global layers); that captured launch never runs as
+    captured, since every replay is preceded by the update that sizes the workspace afresh."""
     pa_rules("_npu_paged_attention", a, in_graph=in_graph)
     workspace = a["workspace"]
-    if workspace is not None:
+    if workspace is not None and not in_graph:
         need = _pa_workspace_bytes(
             a["query"],
             a["key_cache"],
