@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,9 +131,10 @@ def test_mtp_point_is_a_draft_update(mocker):
 ATTN = "language_model.model.layers.{}.self_attn.attn"
 
 
-@pytest.fixture
-def verify_interceptors(monkeypatch: pytest.MonkeyPatch) -> None:
-    """verify's interceptors on what stock's FIA update calls, as verify mode installs them."""
+def install_verify_interceptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's interceptors on what stock's FIA update calls, as verify mode installs them:
+    once the graphs are captured, so the overlay's templates hold the op itself (verify compares
+    the op a relaunch calls, and an interceptor is not stock's op)."""
     import torch
     import torch_npu
 
@@ -144,10 +147,16 @@ def verify_interceptors(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         real = getattr(*target)
         monkeypatch.setattr(*target, lambda *a, _w=wrapper, _r=real, **k: _w(_r, None, a, k))
+    record = torch.npu.ExternalEvent.record
+
+    def recorded(event: Any, *args: Any, **kwargs: Any) -> Any:  # the event each update records
+        return verify.event_record(functools.partial(record, event), event, args, kwargs)
+
+    monkeypatch.setattr(torch.npu.ExternalEvent, "record", recorded)
 
 
 def test_hybrid_point_drives_stock_as_the_release_drives_an_mtp_hybrid(
-    mocker, verify_interceptors
+    mocker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hybrid kind's metadata as v1 lays out a Qwen3.5 + MTP target's: the attention keys
     first, the MTP draft's key in their group (one object), then three GDN keys per attention
@@ -168,6 +177,7 @@ def test_hybrid_point_drives_stock_as_the_release_drives_an_mtp_hybrid(
     from vllm_ascend.attention import attention_v1
 
     engine = core._engine(core.KINDS[core.HYBRID_KIND](3, (4,)))
+    install_verify_interceptors(monkeypatch)
     seen = []
     real = core._stock_update()
     mocker.patch.object(core, "_stock_update", return_value=lambda *a: seen.append(a) or real(*a))
