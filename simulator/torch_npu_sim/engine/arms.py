@@ -24,7 +24,14 @@ from typing import Any
 from ascend_graph_patch import supervisor
 
 from . import control
-from .cases import CASES, CONTROL_CASES, CONTROL_ONLY_CASES, Case, eager_cases
+from .cases import (
+    CASES,
+    CONTROL_CASES,
+    CONTROL_ONLY_CASES,
+    OPTIONAL_CONTROL_CASES,
+    Case,
+    eager_cases,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
     if arm == "eager":
         return list(eager_cases(cases))
     if arm == "control":
-        return [c for c in cases if c.name in CONTROL_CASES or c in CONTROL_ONLY_CASES]
+        controlled = (*CONTROL_CASES, *OPTIONAL_CONTROL_CASES)
+        return [c for c in cases if c.name in controlled or c in CONTROL_ONLY_CASES]
     return [c for c in cases if c not in CONTROL_ONLY_CASES]
 
 

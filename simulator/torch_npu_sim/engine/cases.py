@@ -368,6 +368,17 @@ CONTROL_CASES = (*CONTROL_CASES, "qwen3.5+mtp/k1/compile/decode-only")
 #: Engine cases outside the engine tests' arms (they would cost the suite minutes), run by
 #: ``ab --scenarios NAME`` and ``python -m torch_npu_sim.engine.arms --cases NAME``.
 OPTIONAL_CASES: tuple[Case, ...] = (
+    # Qwen3.5 with two speculative tokens: the one MTP layer drafts twice per step (the draft's
+    # second step replays the drafter's own FULL graph with the first step's output).
+    Case(
+        "qwen3.5+mtp/k2/compile/decode-only",
+        model="qwen3_5",
+        draft="qwen3_5",
+        draft_method="mtp",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+        engine=QWEN35_ENGINE,
+    ),
     # Qwen3.5-MoE (routed experts, softmax top 2 of 4, a gated shared expert in every layer),
     # 3:1, with its MTP layer (vLLM's Qwen3_5MoeMTP).
     Case(
@@ -381,6 +392,8 @@ OPTIONAL_CASES: tuple[Case, ...] = (
     ),
 )
 ALL_CASES: tuple[Case, ...] = CASES + OPTIONAL_CASES
+#: The optional cases the negative control runs when they are chosen (never in the tests' arms).
+OPTIONAL_CONTROL_CASES: tuple[str, ...] = tuple(case.name for case in OPTIONAL_CASES)
 
 
 def eager_cases(cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
