@@ -24,7 +24,14 @@ import torch
 
 from ascend_graph_patch import activation
 from ascend_graph_patch.core.providers import GraphWorkspaceProvider
-from torch_npu_sim.faults import FAULTS, Fault, StepResult, nth_call_raises, take_step
+from torch_npu_sim.faults import (
+    FAULTS,
+    Fault,
+    StepResult,
+    as_stock,
+    nth_call_raises,
+    take_step,
+)
 
 STEPS = 5
 FAULT_STEP = 3  # steps 0-2 warm every cache (stock's key buffer included), step 4 is recovery
@@ -112,9 +119,7 @@ def _as_the_table_says(fault: Fault, stock: ArmRun, ours: ArmRun) -> bool:
     """The overlay's behaviour is the one the soak expects (``Fault.overlay_step / _next``)."""
     step = ours.faulty
     if fault.overlay_step == "stock":
-        if step.output is None or stock.faulty.output is None:
-            return False
-        if not torch.equal(step.output, stock.faulty.output):
+        if not as_stock(step, stock.faulty):
             return False
     elif step.error != fault.overlay_step:
         return False
@@ -183,3 +188,16 @@ def test_the_verdict_can_fail() -> None:
     assert verdict(raised, right)[0] == "better"
     loud = ArmRun(StepResult(error="KeyError"), StepResult(output=eager.clone()), eager)
     assert verdict(hung, loud)[0] == "better"  # loud where stock hangs
+
+
+def test_as_stock_can_fail() -> None:
+    """Negative control of the "stock" expectation: an error where stock gives an output, an
+    output where stock raises, another error, another output are not stock's step."""
+    out = torch.ones(2, 4)
+    refused = StepResult(error="OpRefused")
+    assert as_stock(StepResult(output=out.clone()), StepResult(output=out.clone()))
+    assert as_stock(refused, StepResult(error="OpRefused"))
+    assert not as_stock(refused, StepResult(output=out))
+    assert not as_stock(StepResult(output=out), refused)
+    assert not as_stock(StepResult(error="KeyError"), refused)
+    assert not as_stock(StepResult(output=out + 1), StepResult(output=out))

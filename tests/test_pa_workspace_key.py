@@ -45,7 +45,7 @@ def _template(**changes: Any) -> dict[str, Any]:
 #: One component each: task "b" differs from task "a" there only, and needs a larger workspace.
 VARIANTS: dict[str, dict[str, Any]] = {
     "query": {"query": torch.randn(4, 2, 8), "out": torch.zeros(4, 2, 8)},  # out must hold it
-    "out": {"out": torch.zeros(6, 2, 8)},
+    "out": {"out": torch.zeros(2, 2, 8, dtype=torch.float64)},  # one row per query token
     "key_cache": {"key_cache": torch.randn(4, 4, 1, 8, dtype=torch.float64)},
     "value_cache": {"value_cache": torch.randn(4, 4, 1, 8, dtype=torch.float64)},
     "block_table": {"block_table": torch.zeros(2, 8, dtype=torch.int32)},

@@ -155,11 +155,26 @@ class Fault:
 
     name: str
     arm: Callable[[], Any]
-    #: the overlay's faulty step: "stock" (stock's output under the same fault, bitwise: the
-    #: kernel gets the same broken arguments) or the error type it raises, stock's
+    #: the overlay's faulty step: "stock" (what stock's step gives under the same fault, since
+    #: the kernel gets the same broken arguments: its output bitwise, or the error it raises,
+    #: as when the op refuses the lists, see :func:`as_stock`) or the error type it raises,
+    #: stock's
     overlay_step: str
     #: the overlay's next step: "ok", or "blocked" (where stock's is too)
     overlay_next: str = "ok"
+
+
+def as_stock(ours: StepResult, stock: StepResult) -> bool:
+    """The overlay's step is stock's under the same fault: the same output bitwise, or the same
+    error type (the one-short / one-long lists are refused by FIA's documented block-table rule
+    on the FIA path, stock's relaunch and the overlay's alike; the PA path runs them)."""
+    if ours.output is not None or stock.output is not None:
+        return (
+            ours.output is not None
+            and stock.output is not None
+            and torch.equal(ours.output, stock.output)
+        )
+    return ours.error is not None and ours.error == stock.error
 
 
 FAULTS: dict[str, Fault] = {

@@ -43,6 +43,10 @@ Conventions chosen where the NPU documentation is the only reference:
   PA workspace computed for one step's lengths may be too small for another step's. Ops given a
   smaller workspace than their own arguments need raise, like a kernel that would overrun it.
 
+What the real ops refuse at launch (a graph relaunch without its workspace, length lists that
+do not match the batch, a block table of another shape or dtype, mismatched rope inputs, ...) is
+refused too, at every launch and at every task update: ``op_rules.py``.
+
 Not modelled (raise NotImplementedError if given non-None): pse_shift / pse, quantised outputs,
 dequant of quantised queries, shared prefixes, per-token antiquant (mode != 0), dropout.
 """
@@ -54,6 +58,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from .op_rules import fia_rules, pa_rules
 
 Tensor = torch.Tensor
 SeqLens = Sequence[int] | Tensor | None
@@ -696,6 +702,7 @@ def npu_fused_infer_attention_score(
     softmax_lse_flag: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA v1: returns ``(attention_out, softmax_lse)`` (LSE only if the flag is set)."""
+    fia_rules("npu_fused_infer_attention_score", locals(), v2=False, in_graph=False)
     res, lse = _fia_v1_body(
         query,
         key,
@@ -785,7 +792,7 @@ def npu_fused_infer_attention_score_out(
     out: Sequence[Tensor],
 ) -> tuple[Tensor, Tensor]:
     """``npu_fused_infer_attention_score.out``: writes ``out=[attention_out, softmax_lse]``."""
-    _check_workspace(workspace, query, query_rope)
+    _fia_out_rules(locals(), in_graph=False)
     res, lse = _fia_v1_body(
         query,
         key,
@@ -963,6 +970,7 @@ def npu_fused_infer_attention_score_v2(
     out_dtype: Any = None,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA v2 (``learnable_sink`` = GPT-OSS sinks); returns ``(out, softmax_lse)``."""
+    fia_rules("npu_fused_infer_attention_score_v2", locals(), v2=True, in_graph=False)
     _reject(quant_scale_p=quant_scale_p, out_dtype=out_dtype)
     res, lse = _fia_v2_body(
         query,
@@ -1051,7 +1059,7 @@ def npu_fused_infer_attention_score_v2_out(
 ) -> tuple[Tensor, Tensor]:
     """``npu_fused_infer_attention_score_v2.out``: writes ``out=[attention_out, softmax_lse]``."""
     _reject(quant_scale_p=quant_scale_p, out_dtype=out_dtype)
-    _check_workspace(workspace, query, query_rope)
+    _fia_v2_out_rules(locals(), in_graph=False)
     res, lse = _fia_v2_body(
         query,
         key,
@@ -1098,6 +1106,16 @@ def _npu_fused_infer_attention_score_v2_get_max_workspace(
 _npu_fused_infer_attention_score_v2_get_max_workspace.__signature__ = inspect.signature(  # type: ignore[attr-defined]
     npu_fused_infer_attention_score_v2
 ).replace(return_annotation="Tensor")
+
+
+def _fia_out_rules(a: dict[str, Any], in_graph: bool) -> None:
+    fia_rules("npu_fused_infer_attention_score.out", a, v2=False, in_graph=in_graph)
+    _check_workspace(a["workspace"], a["query"], a["query_rope"])
+
+
+def _fia_v2_out_rules(a: dict[str, Any], in_graph: bool) -> None:
+    fia_rules("npu_fused_infer_attention_score_v2.out", a, v2=True, in_graph=in_graph)
+    _check_workspace(a["workspace"], a["query"], a["query_rope"])
 
 
 def _bind(fn: Callable[..., Any], query: Tensor, key: Tensor, value: Tensor, kw: dict) -> None:
@@ -1207,16 +1225,7 @@ def _npu_paged_attention(
     last request are zeroed. Writes ``out`` and returns nothing (``-> ()``).
     """
     _context_lens_tensor(context_lens, "_npu_paged_attention")
-    if workspace is not None:
-        need = _pa_workspace_bytes(
-            query, key_cache, value_cache, num_kv_heads, num_heads, block_table, context_lens, out
-        )
-        have = workspace.numel() * workspace.element_size()
-        if have < need:
-            raise RuntimeError(
-                f"sim ops: PA workspace of {have} bytes is smaller than the {need} this launch "
-                "needs (it was sized for other lengths, block table or shapes)"
-            )
+    _pa_launch_rules(locals(), in_graph=False)
     res = _pa_compute(
         query,
         key_cache,
@@ -1228,6 +1237,36 @@ def _npu_paged_attention(
         context_lens,
     )
     _write(out, res, "out")
+
+
+def _pa_launch_rules(a: dict[str, Any], in_graph: bool) -> None:
+    """What a PA launch is refused for: ``op_rules.pa_rules``, and a workspace too small.
+
+    The workspace's size is checked where the launch runs (eagerly, and at replay, when the task
+    runs this body with the arguments its update gave it), not for a launch recorded into a
+    graph or a relaunch being recorded: the release captures every PA layer of a size with the
+    workspace it cached for the first one (``full_graph_pa``, ``graph_params.workspaces``), which
+    a later, larger layer outgrows (Gemma4's global layers); that captured launch never runs as
+    captured, since every replay is preceded by the update that sizes the workspace afresh."""
+    pa_rules("_npu_paged_attention", a, in_graph=in_graph)
+    workspace = a["workspace"]
+    if workspace is not None and not in_graph:
+        need = _pa_workspace_bytes(
+            a["query"],
+            a["key_cache"],
+            a["value_cache"],
+            a["num_kv_heads"],
+            a["num_heads"],
+            a["block_table"],
+            a["context_lens"],
+            a["out"],
+        )
+        have = workspace.numel() * workspace.element_size()
+        if have < need:
+            raise RuntimeError(
+                f"sim ops: PA workspace of {have} bytes is smaller than the {need} this launch "
+                "needs (it was sized for other lengths, block table or shapes)"
+            )
 
 
 def _npu_paged_attention_get_workspace(
@@ -1387,6 +1426,19 @@ def npu_fusion_attention(
 
 npu_fused_infer_attention_score.out = npu_fused_infer_attention_score_out  # type: ignore[attr-defined]
 npu_fused_infer_attention_score_v2.out = npu_fused_infer_attention_score_v2_out  # type: ignore[attr-defined]
+
+# What each op refuses at launch, with every parameter bound: ``runtime.SimOp`` runs these at a
+# capture inside a task group and at every relaunch inside a task update (``in_graph``), where
+# the op body itself does not run until replay.
+npu_fused_infer_attention_score.launch_rules = lambda a, in_graph: fia_rules(  # type: ignore[attr-defined]
+    "npu_fused_infer_attention_score", a, v2=False, in_graph=in_graph
+)
+npu_fused_infer_attention_score_out.launch_rules = _fia_out_rules  # type: ignore[attr-defined]
+npu_fused_infer_attention_score_v2.launch_rules = lambda a, in_graph: fia_rules(  # type: ignore[attr-defined]
+    "npu_fused_infer_attention_score_v2", a, v2=True, in_graph=in_graph
+)
+npu_fused_infer_attention_score_v2_out.launch_rules = _fia_v2_out_rules  # type: ignore[attr-defined]
+_npu_paged_attention.launch_rules = _pa_launch_rules  # type: ignore[attr-defined]
 
 REFERENCE_OPS: dict[str, Callable[..., Any]] = {
     "npu_fused_infer_attention_score": npu_fused_infer_attention_score,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import itertools
 import threading
 from collections import deque
@@ -129,6 +130,17 @@ def reset() -> None:
             _S.capture_mode.__exit__(None, None, None)
     _HANDLES.clear()
     _S = _State()
+
+
+@_locked
+def abandon_update_scope() -> bool:
+    """Drop a task update scope left open (True if one was): what a failed stock relaunch leaves
+    behind (it never reaches ``graph_task_update_end``). For harnesses that run stock's step as
+    a reference and then go on with the overlay's on the same device (the soak)."""
+    was_open = _S.update_handle is not None
+    _S.update_handle = None
+    _S.update_done = False
+    return was_open
 
 
 def stats() -> dict[str, int]:
@@ -1116,14 +1128,50 @@ def _freeze(frozen: dict, names: tuple[str, ...]) -> None:
 class SimOp:
     """A simulated NPU op: one task when captured, an arg update inside an update scope."""
 
-    __slots__ = ("name", "fn", "out", "tensor_args", "__wrapped__")
+    __slots__ = (
+        "name",
+        "fn",
+        "out",
+        "tensor_args",
+        "rules",
+        "_positional",
+        "_params",
+        "_defaults",
+        "__wrapped__",
+    )
 
     def __init__(self, name: str, fn: Callable[..., Any], out: SimOp | None = None) -> None:
         self.name = name
         self.fn = fn
         self.out = out
         self.tensor_args = TENSOR_ARGS.get(name, ())
+        # what the real op refuses at launch (``op_rules``), checked where its body does not run:
+        # a capture inside a task group, and a relaunch inside a task update
+        self.rules: Callable[[dict[str, Any], bool], None] | None = inspect.getattr_static(
+            fn,
+            "launch_rules",
+            None,  # static: a mock op answers every attribute
+        )
+        params = inspect.signature(fn).parameters.values() if self.rules is not None else ()
+        self._positional = tuple(
+            p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        self._params = frozenset(p.name for p in params)
+        self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self.__wrapped__ = fn
+
+    def _check_in_graph(self, args: tuple, kwargs: dict) -> None:
+        """The op's launch rules over every parameter (bound by hand: ``Signature.bind`` costs
+        ~10x more, and this runs at every relaunch)."""
+        if len(args) > len(self._positional) or not self._params.issuperset(kwargs):
+            raise TypeError(f"{self.name}(): arguments do not match its schema")
+        arguments = dict(self._defaults)
+        arguments.update(zip(self._positional, args, strict=False))  # fewer args: defaults
+        arguments.update(kwargs)
+        if len(arguments) != len(self._params):
+            missing = sorted(self._params - arguments.keys())
+            raise TypeError(f"{self.name}(): missing required arguments {missing}")
+        self.rules(arguments, True)  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _S.null_cost:  # before the lock: the benchmark's runtime calls cost nothing
@@ -1142,6 +1190,8 @@ class SimOp:
             s.counters["op_launches"] += 1
             if s.null_cost:
                 return None
+            if self.rules is not None:
+                self._check_in_graph(args, kwargs)
             _apply_update(self.name, args, kwargs)
             return None
         if s.null_cost:
@@ -1151,6 +1201,8 @@ class SimOp:
             return self.fn(*args, **kwargs)
         s.counters["op_launches"] += 1
         if s.capturing is not None:
+            if self.rules is not None and s.group is not None:
+                self._check_in_graph(args, kwargs)
             task = _Task(self.name, self.fn, args, freeze_host_args(self.name, kwargs))
             task.sim = True
             s.capturing._record(task)

@@ -76,8 +76,7 @@ class Case:
     #: The model's dtype. float32 unless the release's path needs what real checkpoints are:
     #: MLA's prefill context path casts the chunk to bfloat16 ("FIA with TND layout only supports
     #: bfloat16") but attends to context keys in the model's dtype beside bfloat16 rope keys,
-    #: which FIA's documentation refuses ("query_rope / key_rope" of the query's and key's dtype)
-    #: for a float32 model; real checkpoints are bfloat16.
+    #: which the op refuses for a float32 model (``op_rules``' fia-rope).
     dtype: str = "float32"
 
     def to_json(self) -> dict[str, Any]:
