@@ -14,6 +14,8 @@ Each oracle is written another way than its reference and shares no code with it
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 
 import pytest
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
+from tests import torch_npu_conformance as conf
 from torch_npu_sim import gdn_ops
 
 PAD = -1
@@ -412,15 +415,55 @@ def test_recurrent_ignoring_accepted_tokens_would_start_from_the_wrong_slot(
 # As the engine reaches them: the registered ops, under graph capture
 
 
-def test_gdn_ops_are_registered_with_the_release_schemas() -> None:
-    """``torch.ops._C_ascend`` carries the three GDN ops with the schemas of vllm-ascend's
-    ``csrc/torch_binding.cpp`` (the simulator's install defines them), each a simulated op."""
+def _schema_signature(schema: torch.FunctionSchema) -> inspect.Signature:
+    """How Python calls an op of this schema (keyword-only after ``*``)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = []
+    for a in schema.arguments:
+        default = None if a.has_default_value() else inspect.Parameter.empty
+        params.append(inspect.Parameter(a.name, kinds[a.kwarg_only], default=default))
+    return inspect.Signature(params)
+
+
+def _release_calls(name: str) -> list[tuple[str, int, int, list[str]]]:
+    """Every ``torch.ops._C_ascend.<name>(...)`` call in the installed vllm-ascend's source:
+    (file, line, positional count, keyword names)."""
+    root = conf.vllm_ascend_root()
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        if name not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == name
+                and ast.unparse(node.func.value) == "torch.ops._C_ascend"
+            ):
+                keywords = [k.arg for k in node.keywords if k.arg is not None]
+                where = str(path.relative_to(root))
+                calls.append((where, node.lineno, len(node.args), keywords))
+    return calls
+
+
+def test_gdn_ops_are_registered_with_schemas_the_releases_calls_bind_to() -> None:
+    """``torch.ops._C_ascend`` carries the three GDN ops, and every call the installed
+    vllm-ascend makes to each (read from its source, not from the simulator's schema table)
+    binds to the registered schema: a parameter renamed, dropped or made keyword-only there
+    breaks a call of the release, as it would on hardware with its ``csrc/torch_binding.cpp``."""
     from torch_npu_sim.engine import gdn_path
 
     gdn_path.install()
-    for name, schema in gdn_path.SCHEMAS.items():
-        op = getattr(torch.ops._C_ascend, name).default
-        assert str(op._schema) == str(torch._C.parse_schema(f"_C_ascend::{schema}")), name
+    for name in gdn_path.SCHEMAS:
+        signature = _schema_signature(getattr(torch.ops._C_ascend, name).default._schema)
+        calls = _release_calls(name)
+        assert calls, f"the release never calls _C_ascend.{name}"
+        for where, line, positional, keywords in calls:
+            try:
+                signature.bind(*([None] * positional), **dict.fromkeys(keywords))
+            except TypeError as exc:
+                raise AssertionError(f"{where}:{line}: _C_ascend.{name}: {exc}") from None
 
 
 def test_captured_recurrence_replays_on_the_current_state_and_lengths() -> None:

@@ -155,4 +155,4 @@ def test_captured_functional_op_writes_its_outputs_at_replay() -> None:
     x.copy_(torch.arange(16.0).reshape(2, 8))
     graph.replay()
     torch.npu.synchronize()
-    torch.testing.assert_close(y, model_ops.npu_rms_norm(x, gamma, 1e-6)[0])
+    torch.testing.assert_close(y.double(), rms_oracle(x, gamma, 1e-6), atol=ATOL, rtol=1e-5)

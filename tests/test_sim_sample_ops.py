@@ -154,7 +154,8 @@ def test_vllm_ascend_sampler_filters_with_the_op_and_seeds_per_request(gen, mock
     k = torch.tensor([8, 64, 3], dtype=torch.int32)
     p = torch.tensor([0.9, 0.7, 1.0])
     filtered = sampler.apply_top_k_top_p(logits.clone(), k, p)
-    assert torch.equal(filtered, sample_ops.npu_top_k_top_p(logits, p=p, k=k))
+    kept = _kept(_oracle(logits, p, k))  # the documented formula, not the op the sampler calls
+    assert torch.equal(_kept(filtered), kept) and torch.equal(filtered[kept], logits[kept])
 
     def draw(seed: int) -> torch.Tensor:
         probs = filtered.softmax(dim=-1, dtype=torch.float32)

@@ -24,8 +24,9 @@ import torch
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "torch_npu_2.10.0.post4.json"
 
-#: vllm-ascend files whose torch_npu calls must bind: attention and device code, and what the
-#: graph path runs (capture wrapper, v1/v2 runners' update and graph context, draft proposer).
+#: vllm-ascend files of the conformance table: attention and device code, and what the graph
+#: path runs (capture wrapper, v1/v2 runners' update and graph context, draft proposer). The
+#: binding test reads every file of the release (``release_files``).
 CALL_SITE_FILES = (
     "attention/attention_v1.py",
     "attention/mla_v1.py",
@@ -225,6 +226,12 @@ def _dotted(node: ast.AST) -> str | None:
     if name.startswith("torch.npu."):
         return "torch_npu.npu." + name.removeprefix("torch.npu.")
     return name if name.startswith("torch_npu.") else None
+
+
+def release_files() -> tuple[str, ...]:
+    """Every Python file of the installed vllm-ascend, relative to its package."""
+    root = vllm_ascend_root()
+    return tuple(str(p.relative_to(root)) for p in sorted(root.rglob("*.py")))
 
 
 def call_sites(files: tuple[str, ...] = CALL_SITE_FILES) -> Iterator[CallSite]:
