@@ -42,6 +42,10 @@ from ascend_graph_patch.ab.protocol import Progress, worker_main
 #: what it counted by then (a process writes at most once a second, and within a second of its
 #: last count).
 SETTLE = status_files.INTERVAL + 0.5
+#: Seconds at most that a load's figures wait for the server's processes to go quiet: at data
+#: parallelism the ranks run dummy batches after the last request ended, until vLLM's next check
+#: of the ranks' unfinished requests (every 32 steps).
+QUIET_MAX = 30.0
 #: Seconds of the arm's timeout kept back to stop the server and write the result.
 STOP_MARGIN = server.STOP_GRACE + 10.0
 #: The client's figures kept (``vllm bench serve``'s result keys), in the report's order.
@@ -189,6 +193,25 @@ def rank_deltas(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict
     return out
 
 
+def _activity(figures: dict[str, Any]) -> Any:
+    return figures["counters"], figures["replays"], figures["ranks"]
+
+
+def quiet_figures(directory: Path, deadline: float) -> dict[str, Any]:
+    """:func:`live_figures` once two readings :data:`SETTLE` apart agree (every process done
+    counting: a data-parallel wave runs on after its last request), or at :data:`QUIET_MAX`."""
+    time.sleep(SETTLE)
+    last = live_figures(directory)
+    until = min(deadline, time.monotonic() + QUIET_MAX)
+    while time.monotonic() < until:
+        time.sleep(SETTLE)
+        now = live_figures(directory)
+        if _activity(now) == _activity(last):
+            return now
+        last = now
+    return last
+
+
 def engine_steps(metrics_text: str) -> int | None:
     """Engine steps so far: the sample count of vLLM's ``vllm:iteration_tokens_total``
     histogram (one observation per step that scheduled tokens), over every engine."""
@@ -289,8 +312,8 @@ def run_load(
     if srv.proc.poll() is not None:
         case.update(status="error", error="the server ended during the load (deadline?)")
         return case
-    time.sleep(SETTLE)
-    after, steps_after = live_figures(status_dir), engine_steps(srv.get("/metrics")[1])
+    after = quiet_figures(status_dir, deadline)
+    steps_after = engine_steps(srv.get("/metrics")[1])
     data = _read_json(result) if case["status"] == "ok" else None
     if case["status"] == "ok" and data is None:
         case.update(status="error", error="vllm bench serve wrote no result")
