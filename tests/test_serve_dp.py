@@ -68,6 +68,10 @@ def test_data_parallel_size_reaches_vllm_serve_with_one_api_server_and_an_idle_r
     assert cfg.cases == ["greedy, 1 request", "greedy"]
     assert one["num_prompts"] == one["max_concurrency"] == 1 and one["temperature"] == 0.0
     assert load["max_concurrency"] == 16 and load["num_prompts"] == 64  # every rank's batch
+    # vLLM's other data-parallel options are not the size; given, the user's count is kept
+    local = ["--data-parallel-size-local", "2", "--api-server-count=2"]
+    cfg = command.build_config(_args(*argv, "--", *local))
+    assert cfg.engine_args == [*local, "--data-parallel-size", "2"]
     # At DP=1 nothing of it: the loads and arguments of a plain served A/B.
     plain = command.build_config(_args("--serve", "--model", "org/m", "--out", str(tmp_path)))
     assert plain.cases == ["greedy"] and plain.engine_args == []

@@ -240,16 +240,20 @@ def parallel_args(args: argparse.Namespace, engine_args: list[str]) -> list[str]
     count every engine, and the client talks to one process."""
     out: list[str] = []
     dp = args.data_parallel_size
-    given = " ".join(engine_args)
     if dp is not None:
-        if "--data-parallel-size" in given or "-dp" in engine_args:
+        if _given(engine_args, "--data-parallel-size", "-dp"):
             raise ServedUsageError("--data-parallel-size given twice (also after --)")
         out += ["--data-parallel-size", str(dp)]
-        if dp > 1 and "--api-server-count" not in given and "-asc" not in engine_args:
+        if dp > 1 and not _given(engine_args, "--api-server-count", "-asc"):
             out += ["--api-server-count", "1"]
-    if args.enable_expert_parallel and "--enable-expert-parallel" not in engine_args:
+    if args.enable_expert_parallel and not _given(engine_args, "--enable-expert-parallel", "-ep"):
         out.append("--enable-expert-parallel")
     return out
+
+
+def _given(engine_args: list[str], *names: str) -> bool:
+    """Whether an engine argument names one of ``names`` (``--name V`` or ``--name=V``)."""
+    return any(arg.split("=", 1)[0] in names for arg in engine_args)
 
 
 def write_prompts(prompts: list[str | list[int]], out: Path) -> str:
