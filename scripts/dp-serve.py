@@ -39,6 +39,8 @@ SKIP_RELAUNCH = "TORCH_NPU_SIM_TEST_SKIP_RELAUNCH"
 RELAUNCH_RAISES = "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES"
 COLLECTIVE_TIMEOUT = "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT"
 FIRED = re.compile(r"test fault fired on rank (\d+), pid (\d+), parent (\d+), at ([\d.]+)")
+#: vLLM's log time stamp (local time, whole seconds).
+STAMP = re.compile(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
 
 
 def _config(args: argparse.Namespace, out: Path, arms: list[str], env: dict[str, str]):
@@ -87,6 +89,28 @@ def _fault_row(run: orchestrate.ArmRun, arm: str, started: float) -> dict:
         )
     ]
     fired_at = float(fired.group(4)) if fired else None
+    events = []
+    for line in text.splitlines():
+        stamp = STAMP.search(line)
+        if stamp is None or fired_at is None:
+            continue
+        when = time.mktime(
+            time.strptime(
+                f"{time.localtime(fired_at).tm_year}-{stamp.group(0)}", "%Y-%m-%d %H:%M:%S"
+            )
+        )
+        if any(
+            k in line
+            for k in (
+                "fatal error",
+                "exited unexpectedly",
+                "Timed out waiting",
+                "EngineDeadError",
+                "Shutting down",
+                "died",
+            )
+        ):
+            events.append(f"+{when - fired_at:.0f}s {line.strip()[:220]}")
     return {
         "arm": arm,
         "status": run.status,
@@ -96,6 +120,7 @@ def _fault_row(run: orchestrate.ArmRun, arm: str, started: float) -> dict:
         "arm_seconds": round(time.time() - started, 1),
         "overlay_fault_records": faults,
         "log_lines": causes[:12],
+        "events_after_fault": events[:15],
         "log": str(log),
     }
 
