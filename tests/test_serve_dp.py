@@ -7,15 +7,15 @@ are updated with dummy metadata. The MoE layer's all-gather and reduce-scatter a
 are captured in every graph.
 
 The servers are expensive (a DP=2 server is an API server, a DP coordinator and two engine
-cores, each importing vLLM; two to three minutes to start on this shared machine), so one
-module-scoped run of three servers at once serves every end-to-end assertion: the patched server
-at DP=2 and the negative control's (a patched DP=2 server whose relaunches the simulator skips),
-two loads each (one request: one rank busy, the other idle; then eight: both busy), judged against
-one eager server at DP=1 with the same loads. The eager reference runs at DP=1 because it is
-cheaper (one engine core) and gives the same outputs as eager at DP=2 (every request of both
-loads, ``scripts/dp-serve.py``: ``docs/engine.md``). Stock,
-verify, expert parallelism, the MTP draft and a rank fault run by hand
-(``scripts/dp-serve.py``; the table is in ``docs/engine.md``).
+cores with a worker each, all importing vLLM; two to three minutes to start on this shared
+machine), so one module-scoped run of two servers at once serves every end-to-end assertion: the
+patched server at DP=2 and the eager reference at DP=1, three loads each (one request: one rank
+busy, the other idle; then eight: both busy; then the eight again as the negative control: in the
+patched server the simulator skips every relaunch once a switch file exists, which the test
+creates between the loads). The eager reference runs at DP=1 because it is cheaper (one engine
+core) and gives the same outputs as eager at DP=2 (every request of both loads,
+``scripts/dp-serve.py``: ``docs/engine.md``). Stock, verify, expert parallelism, the MTP draft
+and a rank fault run by hand (``scripts/dp-serve.py``; the table is in ``docs/engine.md``).
 
 The cheap tests at the top check the configuration and the per-rank figures on made-up files.
 """
@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import itertools
 import sys
+import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -193,11 +194,26 @@ def test_the_timer_counts_calls_of_a_counted_entry_point(monkeypatch) -> None:
 PROMPTS, TOKENS = 8, 8
 
 
+#: The control's load: the greedy load again, on the same servers; in the patched server every
+#: relaunch is skipped from its start (the switch file exists), in the eager one nothing changes.
+CONTROL = "greedy, relaunches skipped (control)"
+
+
+def _switch_on_after(result: Path, switch: Path, stop: threading.Event) -> None:
+    """Create ``switch`` as soon as ``result`` (the second load's client result) exists: the
+    worker then waits for the status files to go quiet (seconds) before the control's load."""
+    while not stop.is_set():
+        if result.exists():
+            switch.touch()
+            return
+        stop.wait(0.1)
+
+
 @pytest.fixture(scope="module")
 def served_dp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Three servers at once: the eager reference at DP=1, the patched server at DP=2 and the
-    negative control's (a patched DP=2 server whose relaunches the simulator skips), the same
-    loads each (the DP=2 configuration's: one request, then eight)."""
+    """Two servers at once: the patched server at DP=2 and the eager reference at DP=1, the same
+    three loads each (one request, eight, and the eight again as the negative control's: in the
+    patched server, relaunches skipped while a switch file exists, created between the loads)."""
     root = tmp_path_factory.mktemp("serve-dp")
     mark = process_support.new_mark()
     env = _environment(root / "home", mark)
@@ -210,28 +226,32 @@ def served_dp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cfg = config("ab", "--data-parallel-size", "2")
     cfg.order = ["patched"]
+    cfg.serve["loads"].append({**cfg.serve["loads"][-1], "name": CONTROL})
+    cfg.cases.append(CONTROL)
+    switch = root / "skip-relaunches"
+    cfg.extra_env = {"TORCH_NPU_SIM_TEST_SKIP_RELAUNCH": f"while:{switch}"}
     eager = config("eager")  # DP=1, the DP=2 configuration's loads
     eager.order, eager.serve, eager.cases = ["eager"], cfg.serve, cfg.cases
-    control = config("control", "--data-parallel-size", "2")
-    control.order = ["patched"]
-    control.extra_env = {"TORCH_NPU_SIM_TEST_SKIP_RELAUNCH": "1"}
-    with ThreadPoolExecutor(2) as pool:  # the orchestrator's own loop, one per configuration
-        others = [pool.submit(orchestrate.run_ab, c, env) for c in (eager, control)]
-        (patched,) = orchestrate.run_ab(cfg, env)
-        (eager_run,), (control_run,) = (f.result() for f in others)
-    patched = dataclasses.replace(patched, index=1)
-    control_run = dataclasses.replace(control_run, index=2)
-    runs = [eager_run, patched]
+    stop = threading.Event()
+    result = root / "ab" / "arms" / "00-patched" / "client-greedy.json"
+    watcher = threading.Thread(target=_switch_on_after, args=(result, switch, stop), daemon=True)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:  # the orchestrator's own loop, one per configuration
+            other = pool.submit(orchestrate.run_ab, eager, env)
+            (patched,) = orchestrate.run_ab(cfg, env)
+            (eager_run,) = other.result()
+    finally:
+        stop.set()
+    runs = [eager_run, dataclasses.replace(patched, index=1)]
     summary = compare.summarize(cfg, runs)
     paths = report.write(cfg, summary, runs)
-    control_summary = compare.summarize(control, [eager_run, control_run])
     return {
         "cfg": cfg,
         "runs": runs,
         "summary": summary,
         "paths": paths,
-        "control_summary": control_summary,
-        "control_cfg": control,
+        "switched": switch.exists(),
         "mark": mark,
     }
 
@@ -246,9 +266,8 @@ def test_patched_dp2_outputs_equal_eager_dp2_with_one_rank_idle_and_both_busy(
 ) -> None:
     runs, summary = served_dp["runs"], served_dp["summary"]
     assert [r.status for r in runs] == ["ok", "ok"], [r.error for r in runs]
-    assert summary.verdict == compare.PASS, summary.problems
-    assert [c.name for c in summary.cases] == ["greedy, 1 request", "greedy"]
-    for case in summary.cases:
+    assert [c.name for c in summary.cases] == ["greedy, 1 request", "greedy", CONTROL]
+    for case in summary.cases[:2]:
         assert case.correctness == {"eager": "reference", "patched": "equal"}
         assert all(r["requests"].split("/")[0] == r["requests"].split("/")[1] for r in case.served)
     text = report.text_table(served_dp["cfg"], summary)
@@ -262,7 +281,7 @@ def test_the_idle_rank_replays_full_graphs_in_dummy_batches_and_the_overlay_owns
     FULL graphs as often (the DP-synced batch), the idle rank's replays are all dummy batches,
     and every update on both ranks was the overlay's. The eager server's ranks run dummy batches
     too but replay nothing (the count's negative control)."""
-    one, both = served_dp["summary"].cases
+    one, both, _ = served_dp["summary"].cases
     patched = _ranks(one, "patched")
     assert list(patched) == ["0", "1"]
     replays = {rank: r["replays"] for rank, r in patched.items()}
@@ -279,12 +298,34 @@ def test_the_idle_rank_replays_full_graphs_in_dummy_batches_and_the_overlay_owns
 def test_negative_control_at_dp2_relaunches_skipped_outputs_differ(
     served_dp: dict[str, Any],
 ) -> None:
-    summary = served_dp["control_summary"]
+    """The same patched server, once the switch file exists: every relaunch skipped on both
+    ranks (every update still made and owned), the outputs differ from eager's; the A/B says so."""
+    assert served_dp["switched"]
+    summary = served_dp["summary"]
     assert summary.verdict == compare.DIFF and summary.exit_code == 1
-    for case in summary.cases:
-        assert case.correctness["patched"].startswith("differs at step 0, request "), case.name
-        for rank, r in _ranks(case, "patched").items():
-            assert r["updates_owned"] == r["replays"] > 0, (rank, r)
+    control = summary.cases[2]
+    assert control.correctness["patched"].startswith("differs at step 0, request "), control
+    for rank, r in _ranks(control, "patched").items():
+        assert r["updates_owned"] == r["replays"] > 0, (rank, r)
+
+
+def test_the_skip_switch_file_skips_relaunches_only_while_it_exists(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from torch_npu_sim import runtime
+    from torch_npu_sim.engine import control
+
+    applied: list[str] = []
+    monkeypatch.setattr(runtime, "_apply_update", lambda name, a, k: applied.append(name))
+    switch = tmp_path / "switch"
+    assert control.install({control.ENV_VAR: f"while:{switch}"}) and control.active()
+    monkeypatch.setattr(runtime._S, "update_done", False, raising=False)
+    runtime._apply_update("op", (), {})
+    assert applied == ["op"]  # no file: the relaunch is applied
+    switch.touch()
+    runtime._apply_update("op", (), {})
+    assert applied == ["op"] and runtime._S.update_done  # skipped, the scope closed as done
+    assert not control.install({})  # the negative: nothing asked, nothing installed
 
 
 def test_every_process_the_dp_servers_started_is_gone(served_dp: dict[str, Any]) -> None:
