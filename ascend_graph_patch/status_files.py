@@ -121,6 +121,7 @@ class StatusWriter:
                 snap["update_ns"] = self.timer.samples[-MAX_SAMPLES:]
                 snap["update_calls"] = len(self.timer.samples)
                 snap["timed_targets"] = sorted(set(self.timer.installed))
+                snap["calls"] = dict(self.timer.counts)
             snap["argv"] = sys.argv[:3]
             snap["written_at"] = time.time()
             _make_private_dirs(self.directory)
@@ -138,6 +139,7 @@ class StatusWriter:
         state.STATE.counters.clear()
         if self.timer is not None:
             self.timer.samples.clear()
+            self.timer.counts.clear()
         self.next_write = 0.0
         self.pending = None  # the parent's timer thread does not cross the fork
 
@@ -153,7 +155,7 @@ class StatusWriter:
             from ascend_graph_patch.ab import timing
 
             timer = timing.UpdateTimer(on_sample=self.maybe_write)
-            timer.install(timing.VLLM_TARGETS)
+            timer.install(timing.VLLM_TARGETS, counted=timing.VLLM_COUNTED)
             self.timer = timer
         except Exception as exc:
             state.warn_once("status-timing", f"update timing unavailable: {exc!r}")
@@ -306,6 +308,8 @@ _FIELDS: tuple[tuple[str, Any, str], ...] = (
     ("tasks_per_kind", _int_map, "a mapping of names to integers"),
     ("counters", _int_map, "a mapping of names to integers"),
     ("update_ns", lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of integers"),
+    ("update_calls", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    ("calls", _int_map, "a mapping of names to integers"),
     ("gate", _gate, "a mapping of groups to verdicts"),
     ("fault", lambda v: v is None or _fault(v), "a fault record"),
 )

@@ -139,6 +139,53 @@ def test_moe_chain_matches_the_per_token_oracle(gen: torch.Generator) -> None:
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
+def test_expert_ranges_split_the_moe_block_into_partial_sums(gen: torch.Generator) -> None:
+    """Expert parallelism's all-gather path (``TokenDispatcherWithAllGather``): each of two ranks
+    routes only its experts (``active_expert_range``), runs them and combines with the other
+    slots' weights masked to zero; the two partial outputs add up to the oracle's MoE block.
+    Before the range routed only in-range slots, the second rank's experts ran on the first
+    rank's rows (DP=2 with expert parallelism gave other tokens than DP=1, eager too)."""
+    tokens, hidden, inter, experts, k = 6, 8, 6, 8, 2
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, hidden, 2 * inter, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, inter, hidden, generator=gen) / inter**0.5
+    ids = torch.tensor([[0, 5], [4, 7], [1, 2], [6, 3], [5, 4], [0, 1]], dtype=torch.int32)
+    weights = torch.rand(tokens, k, generator=gen)
+    local = experts // 2
+    total = torch.zeros(tokens, hidden)
+    for rank in (0, 1):
+        first, last = rank * local, (rank + 1) * local
+        expanded, row_idx, counts, _ = moe_ops.npu_moe_init_routing_v2(
+            x,
+            ids,
+            active_num=tokens * k,
+            expert_num=experts,
+            expert_tokens_num_type=1,
+            active_expert_range=[first, last],
+        )
+        assert counts.sum() == ((ids >= first) & (ids < last)).sum()
+        assert (row_idx < 0).sum() == tokens * k - counts.sum()
+        (h,) = moe_ops.npu_grouped_matmul(
+            [expanded], [w13[first:last]], group_list=counts, group_type=0, group_list_type=1
+        )
+        gate, up = h.chunk(2, -1)
+        (h,) = moe_ops.npu_grouped_matmul(
+            [torch.nn.functional.silu(gate) * up],
+            [w2[first:last]],
+            group_list=counts,
+            group_type=0,
+            group_list_type=1,
+        )
+        mask = (ids >= first) & (ids < last)  # the dispatcher's expert_map mask
+        total += moe_ops.npu_moe_token_unpermute(h, row_idx, probs=weights * mask)
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True):
+            g, u = (x[t].double() @ w13[e].double()).chunk(2)
+            want[t] += w * ((g * torch.sigmoid(g) * u) @ w2[e].double())
+    torch.testing.assert_close(total.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_c_ascend_ops_are_defined_and_run() -> None:
     """The simulator defines the ``_C_ascend`` ops vllm-ascend calls unguarded (and no others)."""
     from torch_npu_sim.engine import ascend_c_ops

@@ -501,6 +501,18 @@ def _served(res: CaseResult, runs: list[ArmRun], states: dict[int, tuple[str, An
                 "updates_owned": counters.get("updates.owned", 0),
                 "fallbacks": fallbacks(counters),
                 "runner_pids": case.get("runner_pids"),
+                "ranks": {
+                    rank: {
+                        "replays": r.get("replays", 0),
+                        "dummy_batches": (r.get("calls") or {}).get("dummy_batches", 0),
+                        "draft_dummy_runs": (r.get("calls") or {}).get("draft_dummy_runs", 0),
+                        "updates_owned": (r.get("counters") or {}).get("updates.owned", 0),
+                        "fallbacks": fallbacks(r.get("counters") or {}),
+                        "verify_mismatches": (r.get("counters") or {}).get("verify.mismatches"),
+                        "verify_tasks": (r.get("counters") or {}).get("verify.tasks"),
+                    }
+                    for rank, r in (case.get("ranks") or {}).items()
+                },
             }
         )
 

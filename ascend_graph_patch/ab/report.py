@@ -184,13 +184,26 @@ def stock_failures(summary: Summary) -> list[str]:
     return out
 
 
+def _option(args: list[str], name: str) -> str | None:
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def title(cfg: ABConfig) -> str:
     if cfg.workload == "serve":
         loads = (cfg.serve or {}).get("loads") or [{}]
-        what = (
-            f"vllm serve {cfg.model}, {len(loads)} load(s) x {loads[0].get('num_prompts')} "
-            "requests (vllm bench serve)"
-        )
+        sizes = "/".join(str(load.get("num_prompts")) for load in loads)
+        what = f"vllm serve {cfg.model}, {len(loads)} load(s) x {sizes} requests (vllm bench serve)"
+        dp = _option(cfg.engine_args or [], "--data-parallel-size")
+        if dp is not None:
+            what += f", data parallel {dp}"
+            if "--enable-expert-parallel" in (cfg.engine_args or []):
+                what += " with expert parallelism"
         if cfg.simulate:
             what += " (on the simulator)"
     elif cfg.workload == "vllm":
@@ -234,6 +247,10 @@ def text_table(cfg: ABConfig, summary: Summary) -> str:
         out += ["", serve_report.heading(cfg.simulate)]
         out += _text_table(list(serve_report.COLUMNS), serve_report.rows(summary))
         out += [f"  first divergence: {d}" for d in serve_report.divergences(summary)]
+        per_rank = serve_report.rank_rows(summary)
+        if per_rank:
+            out += ["", serve_report.RANK_HEADING]
+            out += _text_table(list(serve_report.RANK_COLUMNS), per_rank)
     cols, timed = timing_table(summary)
     out.append("")
     if timed:
@@ -288,6 +305,10 @@ def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
         if diverged:
             md += ["", "First divergences from the eager server:", ""]
             md += [f"- {d}" for d in diverged]
+        per_rank = serve_report.rank_rows(summary)
+        if per_rank:
+            md += ["", serve_report.RANK_HEADING + ".", ""]
+            md += _md_table(list(serve_report.RANK_COLUMNS), per_rank)
     md += ["", "## Timing", ""]
     cols, timed = timing_table(summary)
     if timed:

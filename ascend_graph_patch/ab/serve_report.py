@@ -89,6 +89,57 @@ def heading(simulated: bool | None) -> str:
     )
 
 
+RANK_COLUMNS = (
+    "case",
+    "arm",
+    "run",
+    "rank",
+    "outputs",
+    "dummy batches",
+    "draft dummy runs",
+    "replays",
+    "owned updates",
+    "fallbacks",
+    "verify mismatches",
+)
+
+
+def rank_rows(summary: Summary) -> list[list[str]]:
+    """Per load, run and distributed rank (data or tensor parallelism): what that rank's
+    processes counted during the load. Empty when no run had more than one rank."""
+    if not any(len(row.get("ranks") or {}) > 1 for case in summary.cases for row in case.served):
+        return []
+    out = []
+    for case in summary.cases:
+        for row in case.served:
+            for rank, figures in (row.get("ranks") or {}).items():
+                mism, checked = figures.get("verify_mismatches"), figures.get("verify_tasks")
+                out.append(
+                    [
+                        case.name,
+                        row["arm"],
+                        str(row["run"]),
+                        rank,
+                        _outputs(row["outputs"]),
+                        str(figures.get("dummy_batches", 0)),
+                        str(figures.get("draft_dummy_runs", 0)),
+                        str(figures.get("replays", 0)),
+                        str(figures.get("updates_owned", 0)),
+                        str(figures.get("fallbacks", 0)),
+                        "-" if checked is None else f"{mism or 0} of {checked}",
+                    ]
+                )
+    return out
+
+
+RANK_HEADING = (
+    "served, per rank: what each data- or tensor-parallel rank's processes counted during the "
+    "load (dummy batches: the worker's execute_dummy_batch, which an idle data-parallel rank runs "
+    "in step with a busy one; replays: update calls, dummy batches' included; outputs: the "
+    "run's, every rank's requests together)"
+)
+
+
 def divergences(summary: Summary) -> list[str]:
     """Every run whose outputs differ from the eager server's, with the first difference."""
     return [

@@ -102,6 +102,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --temperature > 0: a greedy load too, first (two cases, one server per arm)",
     )
+    group.add_argument(
+        "--data-parallel-size",
+        type=argtypes.int_at_least(1),
+        default=None,
+        help="vllm serve's --data-parallel-size (every rank on this host); above 1 a load of one "
+        "request (every rank but one idle) runs before the load asked for, and the report "
+        "gives each rank's figures",
+    )
+    group.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="vllm serve's --enable-expert-parallel (MoE models)",
+    )
+    group.add_argument(
+        "--sim-model",
+        default=None,
+        help="without --model, on the simulator: the tiny model served (qwen3, the default; "
+        "deepseek-v3: MLA and MoE; deepseek-v3+mtp: with its MTP draft, k = 1)",
+    )
 
 
 #: The options only the served A/B reads (their argparse dests and defaults).
@@ -116,6 +135,9 @@ _SERVED_ONLY = {
     "top_k": None,
     "sampling_seed": None,
     "also_greedy": False,
+    "data_parallel_size": None,
+    "enable_expert_parallel": False,
+    "sim_model": None,
 }
 
 
@@ -126,9 +148,9 @@ def given(args: argparse.Namespace) -> bool:
     )
 
 
-def simulator_defaults() -> dict[str, Any]:
-    """The simulator's model, engine arguments and load for ``ab --serve`` (built on first use,
-    in a subprocess: the overlay never imports the simulator)."""
+def simulator_defaults(name: str | None = None) -> dict[str, Any]:
+    """The simulator's model, engine arguments and load for ``ab --serve`` (``--sim-model
+    NAME``; built on first use, in a subprocess: the overlay never imports the simulator)."""
     from ascend_graph_patch.ab.orchestrate import worker_module
 
     module = worker_module("sim")
@@ -138,7 +160,7 @@ def simulator_defaults() -> dict[str, Any]:
             "pass --model"
         )
     proc = supervisor.run(  # supervised: building the model must not outlive a killed command
-        [sys.executable, "-m", module, "--serve-defaults"],
+        [sys.executable, "-m", module, "--serve-defaults", *([name] if name else [])],
         timeout=600,
         env={**os.environ, "TORCH_NPU_SIM": "1"},
     )
@@ -149,7 +171,20 @@ def simulator_defaults() -> dict[str, Any]:
 
 
 def loads(args: argparse.Namespace, base: dict[str, Any], prompts_file: str | None) -> list[dict]:
-    """The loads of the run, one case each: greedy, sampled with a seed, or both."""
+    """The loads of the run, one case each: greedy, sampled with a seed, or both; at data
+    parallelism a greedy load of one request first (every rank but one idle: the idle ranks run
+    dummy batches in step with the busy one)."""
+    asked = _loads(args, base, prompts_file)
+    if (args.data_parallel_size or 1) <= 1:
+        return asked
+    first = asked[0]
+    one = {key: first[key] for key in ("input_len", "output_len", "prompts_file")}
+    one.update(name="greedy, 1 request", num_prompts=1, max_concurrency=1, temperature=0.0)
+    one["request_rate"] = None
+    return [one, *asked]
+
+
+def _loads(args: argparse.Namespace, base: dict[str, Any], prompts_file: str | None) -> list[dict]:
     common = {
         "num_prompts": args.num_prompts or base["num_prompts"],
         "input_len": args.input_len or base["input_len"],
@@ -195,6 +230,30 @@ def _check(args: argparse.Namespace) -> None:
         raise ServedUsageError("--scenarios, --all and --quick select simulator workloads")
     if args.max_tokens != 64:
         raise ServedUsageError("--max-tokens is --model's; with --serve use --output-len")
+    if args.sim_model is not None and args.model:
+        raise ServedUsageError("--sim-model selects the simulator's model; not with --model")
+
+
+def parallel_args(args: argparse.Namespace, engine_args: list[str]) -> list[str]:
+    """``vllm serve`` arguments of ``--data-parallel-size`` and ``--enable-expert-parallel``. At
+    data parallelism one API server (vLLM's default is one per rank): its ``/metrics`` then
+    count every engine, and the client talks to one process."""
+    out: list[str] = []
+    dp = args.data_parallel_size
+    if dp is not None:
+        if _given(engine_args, "--data-parallel-size", "-dp"):
+            raise ServedUsageError("--data-parallel-size given twice (also after --)")
+        out += ["--data-parallel-size", str(dp)]
+        if dp > 1 and not _given(engine_args, "--api-server-count", "-asc"):
+            out += ["--api-server-count", "1"]
+    if args.enable_expert_parallel and not _given(engine_args, "--enable-expert-parallel", "-ep"):
+        out.append("--enable-expert-parallel")
+    return out
+
+
+def _given(engine_args: list[str], *names: str) -> bool:
+    """Whether an engine argument names one of ``names`` (``--name V`` or ``--name=V``)."""
+    return any(arg.split("=", 1)[0] in names for arg in engine_args)
 
 
 def write_prompts(prompts: list[str | list[int]], out: Path) -> str:
@@ -225,14 +284,23 @@ def configure(
     cfg.workload = "serve"
     cfg.simulate = simulated()
     base = dict(DEFAULT_LOAD)
+    parallel = parallel_args(args, engine_args)
     if args.model:
-        cfg.model, cfg.engine_args = args.model, list(engine_args)
+        cfg.model, cfg.engine_args = args.model, [*engine_args, *parallel]
     elif cfg.simulate:
-        sim = simulator_defaults()
-        cfg.model, cfg.engine_args = sim["model"], [*sim["engine_args"], *engine_args]
+        try:
+            sim = simulator_defaults(args.sim_model)
+        except ServedUsageError as exc:
+            raise ServedUsageError(f"--sim-model {args.sim_model}: {exc}") from None
+        cfg.model = sim["model"]
+        cfg.engine_args = [*sim["engine_args"], *engine_args, *parallel]
         base.update(sim.get("load") or {})
     else:
         raise ServedUsageError("--serve needs --model on a host without the simulator")
+    dp = args.data_parallel_size or 1
+    if dp > 1 and base.get("max_concurrency"):
+        base["max_concurrency"] = int(base["max_concurrency"]) * dp  # every rank's batch
+        base["num_prompts"] = int(base["num_prompts"]) * dp
     prompts_file = None
     if prompts:
         prompts_file = write_prompts(prompts, cfg.out)

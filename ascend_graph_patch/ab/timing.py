@@ -19,6 +19,8 @@ from ascend_graph_patch import gate
 #: Entry points timed in vLLM: every module that imported ``update_full_graph_params`` by name,
 #: as the release line lists them (the matching line, else the newest known).
 VLLM_TARGETS: tuple[str, ...] = gate.candidate_line().update_entry_points
+#: Calls counted beside them (name -> ``module:attr``): an idle data-parallel rank's dummy batches.
+VLLM_COUNTED: dict[str, str] = dict(gate.candidate_line().counted_entry_points)
 
 
 class UpdateTimer:
@@ -29,6 +31,7 @@ class UpdateTimer:
         self.on_sample = on_sample  # called after each sample (e.g. a throttled file writer)
         self.device_ns = 0
         self.installed: list[str] = []
+        self.counts: dict[str, int] = {}
         self._depth = 0
         self._device_depth = 0
 
@@ -60,12 +63,31 @@ class UpdateTimer:
             self.device_ns += time.perf_counter_ns() - t0
             self._device_depth -= 1
 
+    def _counter(self, name: str) -> Any:
+        def count(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                self.counts[name] = self.counts.get(name, 0) + 1
+                if self.on_sample is not None:
+                    self.on_sample()
+
+        return count
+
     # installation -----------------------------------------------------------------------------
 
-    def install(self, targets: tuple[str, ...], device_target: str | None = None) -> None:
-        """Wrap each ``module:attr`` when (or as soon as) its module is imported."""
+    def install(
+        self,
+        targets: tuple[str, ...],
+        device_target: str | None = None,
+        counted: dict[str, str] | None = None,
+    ) -> None:
+        """Wrap each ``module:attr`` when (or as soon as) its module is imported; ``counted``:
+        name -> ``module:attr`` whose calls are only counted (``counts[name]``)."""
         for target in targets:
             self._hook(target, self._update)
+        for name, target in (counted or {}).items():
+            self._hook(target, self._counter(name))
         if device_target:
             self._hook(device_target, self._device)
 

@@ -42,6 +42,10 @@ from ascend_graph_patch.ab.protocol import Progress, worker_main
 #: what it counted by then (a process writes at most once a second, and within a second of its
 #: last count).
 SETTLE = status_files.INTERVAL + 0.5
+#: Seconds at most that a load's figures wait for the server's processes to go quiet: at data
+#: parallelism the ranks run dummy batches after the last request ended, until vLLM's next check
+#: of the ranks' unfinished requests (every 32 steps).
+QUIET_MAX = 30.0
 #: Seconds of the arm's timeout kept back to stop the server and write the result.
 STOP_MARGIN = server.STOP_GRACE + 10.0
 #: The client's figures kept (``vllm bench serve``'s result keys), in the report's order.
@@ -145,7 +149,67 @@ def live_figures(directory: Path) -> dict[str, Any]:
         "graphs_owned": merged["graphs_owned"],
         "processes": len(snaps),
         "pids": sorted(int(s["pid"]) for s in snaps if s.get("counters") or s.get("update_calls")),
+        "ranks": ranks(snaps),
     }
+
+
+def ranks(snaps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per distributed rank (data-parallel engines, tensor-parallel workers): FULL-graph replays
+    (update calls), the counted calls (dummy batches, the drafter's dummy runs), the overlay's
+    counters, graphs owned, summed over that rank's processes that did any of it (the API server
+    and the DP coordinator have no rank)."""
+    out: dict[str, dict[str, Any]] = {}
+    for snap in snaps:
+        calls = {k: int(v) for k, v in (snap.get("calls") or {}).items()}
+        replays = int(snap.get("update_calls") or 0)
+        counters = snap.get("counters") or {}
+        if snap.get("rank") is None or not (replays or counters or any(calls.values())):
+            continue
+        row = out.setdefault(
+            str(snap["rank"]),
+            {"replays": 0, "calls": {}, "counters": {}, "graphs_owned": 0, "pids": []},
+        )
+        row["replays"] += replays
+        row["graphs_owned"] += int(snap.get("graphs_owned") or 0)
+        row["pids"].append(int(snap["pid"]))
+        for into, more in ((row["calls"], calls), (row["counters"], counters)):
+            for k, v in more.items():
+                into[k] = into.get(k, 0) + int(v)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def rank_deltas(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each rank did between two readings of :func:`ranks`."""
+    out = {}
+    for rank, now in after.items():
+        was = before.get(rank) or {"replays": 0, "calls": {}, "counters": {}}
+        out[rank] = {
+            "replays": now["replays"] - was["replays"],
+            "calls": {k: v - was["calls"].get(k, 0) for k, v in now["calls"].items()},
+            "counters": _delta(now["counters"], was["counters"]),
+            "graphs_owned": now["graphs_owned"],
+            "pids": now["pids"],
+        }
+    return out
+
+
+def _activity(figures: dict[str, Any]) -> Any:
+    return figures["counters"], figures["replays"], figures["ranks"]
+
+
+def quiet_figures(directory: Path, deadline: float) -> dict[str, Any]:
+    """:func:`live_figures` once two readings :data:`SETTLE` apart agree (every process done
+    counting: a data-parallel wave runs on after its last request), or at :data:`QUIET_MAX`."""
+    time.sleep(SETTLE)
+    last = live_figures(directory)
+    until = min(deadline, time.monotonic() + QUIET_MAX)
+    while time.monotonic() < until:
+        time.sleep(SETTLE)
+        now = live_figures(directory)
+        if _activity(now) == _activity(last):
+            return now
+        last = now
+    return last
 
 
 def engine_steps(metrics_text: str) -> int | None:
@@ -248,8 +312,8 @@ def run_load(
     if srv.proc.poll() is not None:
         case.update(status="error", error="the server ended during the load (deadline?)")
         return case
-    time.sleep(SETTLE)
-    after, steps_after = live_figures(status_dir), engine_steps(srv.get("/metrics")[1])
+    after = quiet_figures(status_dir, deadline)
+    steps_after = engine_steps(srv.get("/metrics")[1])
     data = _read_json(result) if case["status"] == "ok" else None
     if case["status"] == "ok" and data is None:
         case.update(status="error", error="vllm bench serve wrote no result")
@@ -277,6 +341,7 @@ def run_load(
     if steps_before is not None and steps_after is not None:
         case["engine_steps"] = steps_after - steps_before
     case["runner_pids"] = after["pids"]
+    case["ranks"] = rank_deltas(after["ranks"], before["ranks"])
     case["live"] = {
         key: {k: v for k, v in figures.items() if k != "update_ns"}
         for key, figures in (("before", before), ("after", after))

@@ -242,6 +242,9 @@ class Line:
     impl_base: tuple[str, str] = ("vllm.v1.attention.backend", "AttentionImplBase")
     #: ``module:attr`` of every update entry point the runners call (timed by ``ab``).
     update_entry_points: tuple[str, ...] = ()
+    #: Calls ``ab`` counts per process beside the updates, by name -> ``module:attr``: the dummy
+    #: batches a data-parallel rank runs while another rank has work, the drafter's dummy runs.
+    counted_entry_points: Mapping[str, str] = field(default_factory=dict)
     #: The seam modules ``status --check`` imports to run the gate here, in an order that
     #: imports (some modules only import after others).
     check_imports: tuple[str, ...] = ()

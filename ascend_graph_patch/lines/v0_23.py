@@ -727,6 +727,14 @@ LINE = Line(
         "vllm_ascend.worker.v2.aclgraph_utils:update_full_graph_params",
         "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph:update_full_graph_params",
     ),
+    counted_entry_points={
+        # what vLLM's DP engine core asks an idle rank's worker for (core.py: execute_dummy_batch)
+        "dummy_batches": "vllm_ascend.worker.worker:NPUWorker.execute_dummy_batch",
+        # the drafter's part of every dummy run (capture, profile, an idle DP rank's batch)
+        "draft_dummy_runs": (
+            "vllm_ascend.spec_decode.llm_base_proposer:AscendSpecDecodeBaseProposer.dummy_run"
+        ),
+    },
     # vllm_ascend.ops first: importing attention_v1 first is a circular import
     check_imports=("vllm_ascend.ops", ATTN, ACL, MLA_MODULE),
     stale_cause=stale_cause,

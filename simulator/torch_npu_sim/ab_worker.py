@@ -13,7 +13,8 @@ tokens are the argmax of the toy model's logits. The overlay is whatever the arm
 
 Run as ``python -m torch_npu_sim.ab_worker --spec S --result R [--progress P]``, or ``--list``
 (every name: how stock behaves on it, its kind, whether ``ab`` runs it by default or ``--quick``),
-or ``--serve-defaults`` (what ``ab --serve`` serves here without ``--model``: ``engine.served``).
+or ``--serve-defaults [NAME]`` (what ``ab --serve [--sim-model NAME]`` serves here without
+``--model``: ``engine.served``).
 """
 
 from __future__ import annotations
@@ -177,12 +178,13 @@ def _status() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--serve-defaults"]:  # `ab --serve` without --model: model, engine args, load
+    if args[:1] == ["--serve-defaults"] and len(args) <= 2:
+        # `ab --serve` without --model: model, engine args, load (of `--sim-model NAME`)
         import json
 
         from torch_npu_sim.engine import served
 
-        print(json.dumps(served.defaults()))
+        print(json.dumps(served.defaults(*args[1:])))
         return 0
     if args == ["--list"]:  # the catalogue, for `ab --list` (plain data: no vLLM)
         import json

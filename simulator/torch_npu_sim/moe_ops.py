@@ -76,16 +76,30 @@ def npu_moe_init_routing_v2(
     x_dtype: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Drop-less permutation: each token copied once per chosen expert, rows sorted by expert
-    (stable). Returns (expanded_x, expanded_row_idx int32, tokens per expert, empty scale)."""
+    (stable). Returns (expanded_x, expanded_row_idx int32, tokens per expert, empty scale).
+
+    ``active_expert_range`` ``[first, last)`` (expert parallelism: this rank's experts) routes
+    only the slots whose expert is in the range, as the op's documentation counts them (the
+    valid rows are the in-range ones): their rows come first, sorted by expert, and the counts
+    are the range's; the other slots' rows are left out (zeros here, past the valid rows) and
+    their ``expanded_row_idx`` is -1. What hardware writes there is not known; vllm-ascend's
+    all-gather dispatcher weighs those slots by zero (its ``expert_map`` mask), so the combine's
+    result does not depend on it."""
     if quant_mode != -1 or drop_pad_mode != 0 or row_idx_type != 0:
         raise NotImplementedError("sim moe_init_routing: only unquantized drop-less, row_idx 0")
     top_k = expert_idx.shape[-1]
     flat = expert_idx.reshape(-1).long()
-    order = torch.sort(flat, stable=True).indices  # row r of expanded_x is flat slot order[r]
-    expanded_x = x.reshape(-1, x.shape[-1]).index_select(0, order // top_k)
-    row_idx = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
     first, last = active_expert_range if len(active_expert_range) else (0, expert_num)
-    counts = torch.bincount(flat, minlength=max(expert_num, last))[first:last]
+    active = (flat >= first) & (flat < last)
+    # Out-of-range slots sort after every in-range one (row r of expanded_x is slot order[r]).
+    key = torch.where(active, flat, torch.full_like(flat, max(expert_num, last, 0) + 1))
+    order = torch.sort(key, stable=True).indices
+    expanded_x = x.reshape(-1, x.shape[-1]).index_select(0, order // top_k)
+    valid = int(active.sum())
+    expanded_x[valid:] = 0
+    row_idx = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+    row_idx = torch.where(active, row_idx, torch.full_like(row_idx, -1))
+    counts = torch.bincount(flat[active], minlength=max(expert_num, last))[first:last]
     if expert_tokens_num_type == 0:  # cumulative sum
         counts = counts.cumsum(0)
     return expanded_x, row_idx.to(torch.int32), counts.to(torch.int64), x.new_empty(0)
@@ -148,11 +162,14 @@ def npu_moe_token_unpermute(
     padded_mode: bool = False,
     restore_shape: list[int] | None = None,
 ) -> Tensor:
-    """Combine: ``out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t * k + j]]``."""
+    """Combine: ``out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t * k + j]]``; a
+    slot whose index is -1 (left out by an expert range) adds nothing."""
     if padded_mode:
         raise NotImplementedError("sim moe_token_unpermute: padded mode")
     top_k = 1 if probs is None else probs.shape[-1]
-    rows = permuted_tokens.index_select(0, sorted_indices.reshape(-1).long()).float()
+    index = sorted_indices.reshape(-1).long()
+    rows = permuted_tokens.index_select(0, index.clamp(min=0)).float()
+    rows = rows * (index >= 0).unsqueeze(-1)
     rows = rows.view(-1, top_k, permuted_tokens.shape[-1])
     if probs is not None:
         rows = rows * probs.float().unsqueeze(-1)

@@ -1,4 +1,4 @@
-"""The simulator's model and settings for ``ascend-graph-patch ab --serve`` (no ``--model``).
+"""The simulator's models and settings for ``ascend-graph-patch ab --serve`` (no ``--model``).
 
 A served A/B compares what the client received: text. The tiny models' byte-level tokenizer
 cannot show most of what they generate (1024 logits, 257 tokens) and byte tokens do not
@@ -9,6 +9,11 @@ map one to one, and the first token that differs is named exactly. The engine se
 engine cases' (``cases.engine_kwargs``) as ``vllm serve`` arguments; the load is shaped so that
 most engine steps are pure decode and replay the FULL graphs: equal prompt and output lengths,
 every request sent at once, as many at a time as the engine batches.
+
+``ab --serve --sim-model NAME`` picks another of the engine tests' models, served the same way
+(:data:`SERVED`): ``deepseek-v3`` (MLA, a dense and a MoE layer: what vLLM runs as one
+data-parallel engine with dummy batches, where a dense model's DP ranks are independent engines),
+and ``deepseek-v3+mtp`` (the same with its MTP layer as the draft, k = 1).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from .models import MODELS, ModelSpec, materialize, materialize_spec
 TARGET = "qwen3"
 NAME = "qwen3_served"
 MAX_NUM_SEQS = 4
+#: The default of ``--sim-model``.
+DEFAULT = "qwen3"
 
 
 def _save_word_tokenizer(directory: Path, vocab_size: int) -> None:
@@ -52,19 +59,36 @@ def _build(spec: ModelSpec, directory: Path) -> None:
     _save_word_tokenizer(directory, int(config["vocab_size"]))
 
 
-#: Keyed by the target's recipe too: a changed Qwen3 rebuilds its served copy.
-SPEC = ModelSpec(
-    NAME, _build, {"target": TARGET, "target_key": MODELS[TARGET].key(), "tokenizer": "words v2"}
-)
+def _spec(target: str) -> ModelSpec:
+    """The served copy of engine model ``target``, keyed by the target's recipe too: a changed
+    model rebuilds its served copy."""
+    name = NAME if target == TARGET else f"{target}_served"
+    recipe = {"target": target, "target_key": MODELS[target].key(), "tokenizer": "words v2"}
+    return ModelSpec(name, _build, recipe)
 
 
-def engine_args() -> list[str]:
-    """``vllm serve`` arguments of the engine cases' graph arm (``cases.engine_kwargs``)."""
+SPEC = _spec(TARGET)
+#: ``--sim-model`` names: (engine model, speculative method and tokens, capture sizes).
+SERVED: dict[str, tuple[str, dict[str, Any] | None, list[int]]] = {
+    "qwen3": (TARGET, None, [1, 2, MAX_NUM_SEQS]),
+    "deepseek-v3": ("deepseek_v3", None, [1, 2, MAX_NUM_SEQS]),
+    # The MTP layer is in the target's checkpoint (``num_nextn_predict_layers``), as released.
+    "deepseek-v3+mtp": ("deepseek_v3", {"method": "mtp", "num_speculative_tokens": 1}, [2, 4, 8]),
+}
+
+
+def engine_args(name: str = DEFAULT, model_dir: str | None = None) -> list[str]:
+    """``vllm serve`` arguments of the engine cases' graph arm (``cases.engine_kwargs``) for the
+    served model ``name`` (``model_dir``: its directory, the draft's with a speculative one)."""
+    _, speculative, sizes = SERVED[name]
     compilation = {
         "mode": 3,
         "cudagraph_mode": "FULL_DECODE_ONLY",
-        "cudagraph_capture_sizes": [1, 2, MAX_NUM_SEQS],
+        "cudagraph_capture_sizes": sizes,
     }
+    extra: list[str] = []
+    if speculative is not None:
+        extra = ["--speculative-config", json.dumps({**speculative, "model": model_dir})]
     return [
         "--dtype",
         "float32",
@@ -80,14 +104,18 @@ def engine_args() -> list[str]:
         json.dumps(compilation),
         "--additional-config",
         json.dumps({"ascend_compilation_config": ASCEND_COMPILATION}),
+        *extra,
     ]
 
 
-def defaults(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """What ``ab --serve`` runs on the simulator unless told otherwise (plain data)."""
+def defaults(name: str = DEFAULT, root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What ``ab --serve`` runs on the simulator for ``--sim-model NAME`` (plain data)."""
+    if name not in SERVED:
+        raise KeyError(f"unknown --sim-model {name!r}; known: {', '.join(SERVED)}")
+    model = str(materialize_spec(_spec(SERVED[name][0]), root))
     return {
-        "model": str(materialize_spec(SPEC, root)),
-        "engine_args": engine_args(),
+        "model": model,
+        "engine_args": engine_args(name, model),
         "load": {
             "num_prompts": 2 * MAX_NUM_SEQS,
             "input_len": 12,
