@@ -119,7 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sim-model",
         default=None,
         help="without --model, on the simulator: the tiny model served (qwen3, the default; "
-        "deepseek-v3: MLA and MoE; deepseek-v3+mtp: with its MTP draft, k = 1)",
+        "deepseek-v3: MLA and MoE; deepseek-v3+mtp: with its MTP draft, k = 1; qwen3.5-moe+mtp: "
+        "the GDN hybrid MoE with its MTP draft, k = 1)",
     )
 
 
