@@ -14,6 +14,8 @@ may differ between tasks that share.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,6 +52,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "value_cache": {"value_cache": torch.randn(4, 4, 1, 8, dtype=torch.float64)},
     "block_table": {"block_table": torch.zeros(2, 8, dtype=torch.int32)},
 }
+
+
+#: The real torch-npu 2.10.0.post4's registered schemas (read from the wheel, not installed).
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_npu_2.10.0.post4.json"
+
+
+def _getter_tensor_arguments() -> set[str]:
+    """The tensors the real PA workspace getter receives, from its registered schema: each can
+    size the workspace. ``context_lens`` is the host lengths the key holds by identity."""
+    schemas = json.loads(FIXTURE.read_text())["schemas"]
+    schema = torch._C.parse_schema(schemas["atb::_npu_paged_attention_get_workspace"])
+    tensors = {a.name for a in schema.arguments if isinstance(a.type, torch._C.TensorType)}
+    return tensors - {"context_lens"}
+
+
+def test_the_signature_and_the_variants_cover_every_tensor_the_real_getter_receives() -> None:
+    """The signature's shaped names (and this file's one-component variants) are the real
+    getter's tensor arguments, read from its schema, not a second hand list: a tensor the
+    release's getter gains would be missing from both and could share a workspace too small."""
+    assert set(PA_SHAPED) == _getter_tensor_arguments()
+    assert set(VARIANTS) == set(PA_SHAPED)
 
 
 def _task(name: str, template: dict[str, Any], shaped: tuple[str, ...] = PA_SHAPED) -> UpdateTask:
