@@ -24,7 +24,15 @@ from typing import Any
 import pytest
 
 from ascend_graph_patch import status_files
-from ascend_graph_patch.ab import command, compare, orchestrate, report, served, worker_serve
+from ascend_graph_patch.ab import (
+    command,
+    compare,
+    engine_args,
+    orchestrate,
+    report,
+    served,
+    worker_serve,
+)
 from ascend_graph_patch.ab.orchestrate import ABConfig, ArmRun
 from tests import process_support
 
@@ -143,8 +151,8 @@ def test_server_args_eager_arm_shutdown_timeout_and_seed() -> None:
     spec = {"engine_args": ["--max-model-len", "64"], "enforce_eager": True, "seed": 3}
     args = worker_serve.server_args(spec)
     assert args[:2] == ["--max-model-len", "64"] and "--enforce-eager" in args
-    assert worker_serve._option(args, "--shutdown-timeout") == "10"
-    assert worker_serve._option(args, "--seed") == "3"
+    assert engine_args.option(args, "--shutdown-timeout") == "10"
+    assert engine_args.option(args, "--seed") == "3"
     mine = {"engine_args": ["--shutdown-timeout=30", "--seed", "9"], "seed": 3}
     args = worker_serve.server_args(mine)
     assert args == ["--shutdown-timeout=30", "--seed", "9"]  # the user's own win

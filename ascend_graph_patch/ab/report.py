@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch.ab import serve_report
+from ascend_graph_patch.ab import engine_args, serve_report
 from ascend_graph_patch.ab.compare import PASS_KNOWN, PASS_WRONG, PASSES, CaseResult, Summary
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
@@ -184,22 +184,12 @@ def stock_failures(summary: Summary) -> list[str]:
     return out
 
 
-def _option(args: list[str], name: str) -> str | None:
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def title(cfg: ABConfig) -> str:
     if cfg.workload == "serve":
         loads = (cfg.serve or {}).get("loads") or [{}]
         sizes = "/".join(str(load.get("num_prompts")) for load in loads)
         what = f"vllm serve {cfg.model}, {len(loads)} load(s) x {sizes} requests (vllm bench serve)"
-        dp = _option(cfg.engine_args or [], "--data-parallel-size")
+        dp = engine_args.option(cfg.engine_args or [], "--data-parallel-size")
         if dp is not None:
             what += f", data parallel {dp}"
             if "--enable-expert-parallel" in (cfg.engine_args or []):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_graph_patch import argtypes, supervisor
+from ascend_graph_patch.ab.engine_args import has_option
 
 #: The load of a served A/B on an Ascend host (the simulator gives its own, smaller one).
 DEFAULT_LOAD = {"num_prompts": 32, "input_len": 64, "output_len": 64, "max_concurrency": 8}
@@ -242,19 +243,15 @@ def parallel_args(args: argparse.Namespace, engine_args: list[str]) -> list[str]
     out: list[str] = []
     dp = args.data_parallel_size
     if dp is not None:
-        if _given(engine_args, "--data-parallel-size", "-dp"):
+        if has_option(engine_args, "--data-parallel-size", "-dp"):
             raise ServedUsageError("--data-parallel-size given twice (also after --)")
         out += ["--data-parallel-size", str(dp)]
-        if dp > 1 and not _given(engine_args, "--api-server-count", "-asc"):
+        if dp > 1 and not has_option(engine_args, "--api-server-count", "-asc"):
             out += ["--api-server-count", "1"]
-    if args.enable_expert_parallel and not _given(engine_args, "--enable-expert-parallel", "-ep"):
+    expert_parallel = has_option(engine_args, "--enable-expert-parallel", "-ep")
+    if args.enable_expert_parallel and not expert_parallel:
         out.append("--enable-expert-parallel")
     return out
-
-
-def _given(engine_args: list[str], *names: str) -> bool:
-    """Whether an engine argument names one of ``names`` (``--name V`` or ``--name=V``)."""
-    return any(arg.split("=", 1)[0] in names for arg in engine_args)
 
 
 def write_prompts(prompts: list[str | list[int]], out: Path) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 
 from ascend_graph_patch import status_files, supervisor
 from ascend_graph_patch.ab import server
+from ascend_graph_patch.ab.engine_args import option
 from ascend_graph_patch.ab.protocol import Progress, worker_main
 
 #: Seconds after the client ends before the status files are read: every process has written
@@ -68,17 +69,6 @@ CLIENT_FIGURES = (
 )
 
 
-def _option(args: list[str], name: str) -> str | None:
-    """The value of ``--name V`` or ``--name=V`` in ``args`` (the last one), or None."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def server_args(spec: dict[str, Any]) -> list[str]:
     """``vllm serve`` arguments of the arm: the user's engine args, the eager arm's
     ``--enforce-eager``, and a shutdown timeout (vLLM's default 0 kills the engine core at once
@@ -86,9 +76,9 @@ def server_args(spec: dict[str, Any]) -> list[str]:
     args = list(spec.get("engine_args") or [])
     if spec.get("enforce_eager") and "--enforce-eager" not in args:
         args.append("--enforce-eager")
-    if _option(args, "--shutdown-timeout") is None:
+    if option(args, "--shutdown-timeout") is None:
         args += ["--shutdown-timeout", str(server.SHUTDOWN_TIMEOUT)]
-    if _option(args, "--seed") is None:
+    if option(args, "--seed") is None:
         args += ["--seed", str(spec["seed"])]
     return args
 
@@ -101,7 +91,7 @@ def client_args(spec: dict[str, Any], load: dict[str, Any], url: str, result: Pa
     cmd = ["--backend", "openai", "--base-url", url]
     cmd += ["--model", spec["model"]]
     for name in ("--served-model-name", "--tokenizer"):
-        value = _option(engine_args, name)
+        value = option(engine_args, name)
         if value is not None:
             cmd += [name, value]
     if "--trust-remote-code" in engine_args:
@@ -239,7 +229,7 @@ def _tokenizer(spec: dict[str, Any]) -> Any:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(
-            _option(args, "--tokenizer") or spec["model"],
+            option(args, "--tokenizer") or spec["model"],
             trust_remote_code="--trust-remote-code" in args,
         )
     except Exception:  # noqa: BLE001 - the texts are still compared, character by character
