@@ -46,6 +46,12 @@ UPDATE_PARAMS = tuple(
     "draft_attn_metadatas".split()
 )
 
+#: The parameters of an attention impl's ``forward`` (the base's and the INT8-KV subclass's own).
+FORWARD_PARAMS = tuple(
+    "self layer query key value kv_cache attn_metadata output output_scale "
+    "output_block_scale".split()
+)
+
 SEAMS: dict[str, Seam] = {
     # v1: the graph wrapper (capture + replay of target and merged draft graphs) and the backend
     "acl_graph.call": Seam(ACL, "ACLGraphWrapper.__call__", ("self", "args", "kwargs")),
@@ -66,35 +72,13 @@ SEAMS: dict[str, Seam] = {
     "attention.forward": Seam(
         ATTN,
         f"{IMPL}.forward",
-        (
-            "self",
-            "layer",
-            "query",
-            "key",
-            "value",
-            "kv_cache",
-            "attn_metadata",
-            "output",
-            "output_scale",
-            "output_block_scale",
-        ),
+        FORWARD_PARAMS,
     ),
     # the INT8-KV subclass decides its graph path in a forward of its own (never the base's)
     "attention.forward_c8": Seam(
         ATTN,
         "AscendC8AttentionBackendImpl.forward",
-        (
-            "self",
-            "layer",
-            "query",
-            "key",
-            "value",
-            "kv_cache",
-            "attn_metadata",
-            "output",
-            "output_scale",
-            "output_block_scale",
-        ),
+        FORWARD_PARAMS,
     ),
     # a staticmethod reached through update_full_graph_params, which five modules import by name:
     # the class attribute is the one place every caller goes through
