@@ -173,6 +173,20 @@ def _qwen3(name: str, **kw: Any) -> Case:
     return Case(name=name, model="qwen3", **kw)
 
 
+def _mtp(name: str, model: str, k: int, **kw: Any) -> Case:
+    """``model`` drafting with its own MTP layer(s), ``k`` tokens a step: the batch sizes 1, 2, 4
+    captured as ``k + 1`` tokens per request."""
+    return Case(
+        name=name,
+        model=model,
+        draft=model,
+        draft_method="mtp",
+        num_speculative_tokens=k,
+        capture_sizes=tuple((k + 1) * n for n in (1, 2, 4)),
+        **kw,
+    )
+
+
 # --- stale graphs: VLLM_USE_V2_MODEL_RUNNER on vLLM 0.23.0 (ascend_graph_patch/aspects/stale.py) --
 
 #: The v2 variable, set in the case's process only (vLLM reads it at each access until an engine
@@ -221,48 +235,28 @@ CASES: tuple[Case, ...] = (
         capture_sizes=(3, 6, 12),
     ),
     _qwen3("qwen3+pa/compile/decode-only", pa_shape_list=(1, 4)),
-    Case(
+    _mtp(
         # Step3.5 with its two MTP layers: vllm-ascend's AscendStep3p5MTPProposer, each MTP layer
         # in a KV-cache group of its own (the one multi-group draft on this release). As
         # released, the proposer's first FULL-graph draft step fails (a stale call: repairs.py).
         "step3p5+mtp/compile/decode-only",
-        model="step3p5",
-        draft="step3p5",
-        draft_method="mtp",
-        num_speculative_tokens=2,
-        capture_sizes=(3, 6, 12),
+        "step3p5",
+        2,
         stock=STEP3P5_PAD_CRASH,
         overlay_same_as_stock=True,
     ),
-    Case(
+    _mtp(
         # The same engine with that one call repaired: the draft graphs replay.
         "step3p5+mtp/compile/decode-only/repaired",
-        model="step3p5",
-        draft="step3p5",
-        draft_method="mtp",
-        num_speculative_tokens=2,
-        capture_sizes=(3, 6, 12),
+        "step3p5",
+        2,
         repairs=("step3p5-pad-call",),
     ),
     # DeepSeek-V3 (MLA, a dense and a MoE layer with grouped routing): AscendMLAImpl's graphs,
     # alone and with its MTP layer as the draft (vllm-ascend's MTP proposer), k = 1 and 2.
     Case("deepseek-v3/compile/decode-only", model="deepseek_v3"),
-    Case(
-        "deepseek-v3+mtp/k1/compile/decode-only",
-        model="deepseek_v3",
-        draft="deepseek_v3",
-        draft_method="mtp",
-        num_speculative_tokens=1,
-        capture_sizes=(2, 4, 8),
-    ),
-    Case(
-        "deepseek-v3+mtp/k2/compile/decode-only",
-        model="deepseek_v3",
-        draft="deepseek_v3",
-        draft_method="mtp",
-        num_speculative_tokens=2,
-        capture_sizes=(3, 6, 12),
-    ),
+    _mtp("deepseek-v3+mtp/k1/compile/decode-only", "deepseek_v3", 1),
+    _mtp("deepseek-v3+mtp/k2/compile/decode-only", "deepseek_v3", 2),
     # DeepSeek-V3 with long prompts prefilled in chunks of 32 tokens beside running decodes
     # (issue 33, item 6): each later chunk attends to its prompt's earlier chunks through
     # AscendMLAImpl's context path (build_chunked_metadata, npu_paged_cache_load, FIA per
@@ -341,22 +335,16 @@ QWEN35_TWO_GROUPS_WRONG = (
 )
 
 QWEN35_CASES: tuple[Case, ...] = (
-    Case(
+    _mtp(
         "qwen3.5+mtp/k1/compile/decode-only",
-        model="qwen3_5",
-        draft="qwen3_5",
-        draft_method="mtp",
-        num_speculative_tokens=1,
-        capture_sizes=(2, 4, 8),
+        "qwen3_5",
+        1,
         engine=QWEN35_ENGINE,
     ),
-    Case(
+    _mtp(
         "qwen3.5-two-groups+mtp/k1/compile/decode-only",
-        model="qwen3_5_two_groups",
-        draft="qwen3_5_two_groups",
-        draft_method="mtp",
-        num_speculative_tokens=1,
-        capture_sizes=(2, 4, 8),
+        "qwen3_5_two_groups",
+        1,
         engine=QWEN35_ENGINE,
         stock=QWEN35_TWO_GROUPS_WRONG,
     ),
@@ -369,24 +357,18 @@ CONTROL_CASES = (*CONTROL_CASES, "qwen3.5+mtp/k1/compile/decode-only")
 OPTIONAL_CASES: tuple[Case, ...] = (
     # Qwen3.5 with two speculative tokens: the one MTP layer drafts twice per step (the draft's
     # second step replays the drafter's own FULL graph with the first step's output).
-    Case(
+    _mtp(
         "qwen3.5+mtp/k2/compile/decode-only",
-        model="qwen3_5",
-        draft="qwen3_5",
-        draft_method="mtp",
-        num_speculative_tokens=2,
-        capture_sizes=(3, 6, 12),
+        "qwen3_5",
+        2,
         engine=QWEN35_ENGINE,
     ),
     # Qwen3.5-MoE (routed experts, softmax top 2 of 4, a gated shared expert in every layer),
     # 3:1, with its MTP layer (vLLM's Qwen3_5MoeMTP).
-    Case(
+    _mtp(
         "qwen3.5-moe+mtp/k1/compile/decode-only",
-        model="qwen3_5_moe",
-        draft="qwen3_5_moe",
-        draft_method="mtp",
-        num_speculative_tokens=1,
-        capture_sizes=(2, 4, 8),
+        "qwen3_5_moe",
+        1,
         engine=QWEN35_ENGINE,
     ),
 )
