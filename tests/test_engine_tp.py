@@ -202,6 +202,36 @@ def _fired(results: dict[str, Any], arm: str, case: Any, row: dict[str, Any]) ->
     return record
 
 
+_ENDED = "(VllmWorker-1 pid=7) ascend-graph-patch: rank 1 of 2: ... ending this worker now so ..."
+_MONITOR = "(EngineCore pid=5) ERROR Worker proc VllmWorker-1 died unexpectedly, shutting down"
+_PEER = (
+    "(EngineCore pid=5) RuntimeError: Worker failed with error "
+    "'[pair.cc:547] Connection closed by peer [127.0.0.1]:58533', please"
+)
+_WAITED = "(EngineCore pid=5) RuntimeError: [gloo] Timed out waiting 30000ms for recv operation"
+
+
+@pytest.mark.parametrize(
+    ("lines", "outcome"),
+    [
+        ((_ENDED, _MONITOR), "worker ended by the overlay; vLLM failed the job"),
+        ((_ENDED, _PEER), "worker ended by the overlay; vLLM failed the job"),
+        ((_ENDED, _MONITOR, _PEER), "worker ended by the overlay; vLLM failed the job"),
+        ((_MONITOR, _PEER), "other"),
+        ((_ENDED,), "other"),
+        ((_WAITED,), "collective timed out (30 s)"),
+    ],
+    ids=["monitor-first", "peer-first", "both", "not-ended-by-overlay", "job-not-failed", "waited"],
+)
+def test_fault_outcome_accepts_either_way_vllm_notices_the_ended_worker(
+    lines: tuple[str, ...], outcome: str
+) -> None:
+    """After the overlay ends rank 1, vLLM's worker monitor and rank 0's collective with the dead
+    peer race to fail the job (CI, 2026-12-05: the collective first, no monitor line logged);
+    either is the job ending at once. An overlay that did not end the worker is not that."""
+    assert tp.fault_outcome("\n".join(lines)) == outcome
+
+
 @pytest.mark.parametrize("case", [tp.FAULT_CASE, tp.FAULT_SPAWN_CASE], ids=["fork", "spawn"])
 def test_a_failed_update_on_one_rank_ends_the_job_at_once(
     tp_run: tuple[Path, dict[str, Any]], faults: dict[tuple[str, str], dict[str, Any]], case: Any

@@ -229,8 +229,14 @@ def job_ended_at(statuses: list[dict[str, Any]], record: dict[str, Any]) -> floa
 
 
 def fault_outcome(log: str) -> str:
-    """How a fault case's job ended, from its processes' log lines."""
-    if "ending this worker now" in log and "died unexpectedly" in log:
+    """How a fault case's job ended, from its processes' log lines.
+
+    Once the overlay has ended a worker, vLLM fails the job by whichever notices first: its
+    worker monitor (``died unexpectedly``) or rank 0's collective with the dead peer (gloo's
+    ``Connection closed by peer``, raised as the reply the executor reads). Which one logs first
+    is a race between two processes; both end the job at once."""
+    ended = "died unexpectedly" in log or "Connection closed by peer" in log
+    if "ending this worker now" in log and ended:
         return "worker ended by the overlay; vLLM failed the job"
     timeout = re.search(r"Timed out waiting (\d+)ms", log)
     if timeout:
