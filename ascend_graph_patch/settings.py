@@ -29,6 +29,7 @@ ENV_DEBUG = PREFIX + "_DEBUG"
 ENV_STATUS_DIR = PREFIX + "_STATUS_DIR"
 ENV_TP_FAULT = PREFIX + "_TP_FAULT"
 ENV_STALE_GRAPH = PREFIX + "_STALE_GRAPH"
+ENV_REPLAY_SYNC = PREFIX + "_REPLAY_SYNC"
 
 OFF = "off"
 ON = "on"
@@ -60,14 +61,27 @@ ALL_ASPECTS = "*"
 #: (the default), or wait like stock until a collective times out.
 TP_FAIL = "fail"
 TP_WAIT = "wait"
-ACCEPTED_TP_FAULT = "fail (default; also empty), wait"
 
 #: ``ASCEND_GRAPH_PATCH_STALE_GRAPH``: what the overlay does when a FULL graph's capture ran
 #: attention outside its graph path (``aspects/stale.py``): fail with one error naming the cause
 #: (the default), or let the graph replay with its capture-time parameters, as stock does.
 STALE_FAIL = "fail"
 STALE_REPLAY = "replay"
-ACCEPTED_STALE_GRAPH = "fail (default; also empty), replay"
+
+#: ``ASCEND_GRAPH_PATCH_REPLAY_SYNC``: how a FULL replay is ordered after the previous step's
+#: (``aspects/replay_order.py``): stock's host barrier, the whole device synchronised before
+#: every replay (the default), or, for graphs the overlay owns, the update stream waiting on the
+#: compute stream on the device (opt-in until proven on a device).
+SYNC_DEVICE = "device"
+SYNC_STREAM = "stream"
+
+#: The variables that pick one of a few values: name -> (the values, the default first; what an
+#: invalid value does). An invalid value reads as the default, the safe choice, with one line.
+CHOICES: "dict[str, tuple[tuple[str, ...], str]]" = {
+    ENV_TP_FAULT: ((TP_FAIL, TP_WAIT), "failing fast"),
+    ENV_STALE_GRAPH: ((STALE_FAIL, STALE_REPLAY), "failing on a stale graph"),
+    ENV_REPLAY_SYNC: ((SYNC_DEVICE, SYNC_STREAM), "keeping stock's barrier before every replay"),
+}
 
 #: Messages show at most this many characters of an environment value (then its length).
 SHOWN_CHARS = 40
@@ -151,42 +165,39 @@ def status_dir(environ: "Mapping[str, str] | None" = None) -> "str | None":
     return value or None
 
 
-def parse_tp_fault(value: "str | None") -> "tuple[str, str | None]":
-    """Map a raw ``ASCEND_GRAPH_PATCH_TP_FAULT`` to ``(policy, problem)``; invalid reads as fail."""
+def parse_choice(name: str, value: "str | None") -> "tuple[str, str | None]":
+    """Map a raw value of the choice variable ``name`` (:data:`CHOICES`) to ``(value, problem)``;
+    unset, empty or invalid reads as the default (a typo never picks the other behaviour)."""
+    values, fallback = CHOICES[name]
     norm = (value or "").strip().lower()
-    if norm in ("", TP_FAIL):
-        return TP_FAIL, None
-    if norm == TP_WAIT:
-        return TP_WAIT, None
-    return TP_FAIL, (
-        f"ignoring {ENV_TP_FAULT}={shown(value or '')}: accepted values are {ACCEPTED_TP_FAULT}; "
-        "failing fast"
+    if norm in ("", *values):
+        return norm or values[0], None
+    accepted = f"{values[0]} (default; also empty), " + ", ".join(values[1:])
+    return values[0], (
+        f"ignoring {name}={shown(value or '')}: accepted values are {accepted}; {fallback}"
     )
+
+
+def choice(name: str, environ: "Mapping[str, str] | None" = None) -> str:
+    """The effective value of the choice variable ``name``."""
+    return parse_choice(name, _env(environ).get(name))[0]
 
 
 def tp_fault(environ: "Mapping[str, str] | None" = None) -> str:
     """``ASCEND_GRAPH_PATCH_TP_FAULT``: ``fail`` (end the worker at once) or ``wait`` (stock's)."""
-    return parse_tp_fault(_env(environ).get(ENV_TP_FAULT))[0]
-
-
-def parse_stale_graph(value: "str | None") -> "tuple[str, str | None]":
-    """Map a raw ``ASCEND_GRAPH_PATCH_STALE_GRAPH`` to ``(policy, problem)``; invalid reads as
-    fail (a typo must never let a stale graph replay)."""
-    norm = (value or "").strip().lower()
-    if norm in ("", STALE_FAIL):
-        return STALE_FAIL, None
-    if norm == STALE_REPLAY:
-        return STALE_REPLAY, None
-    return STALE_FAIL, (
-        f"ignoring {ENV_STALE_GRAPH}={shown(value or '')}: accepted values are "
-        f"{ACCEPTED_STALE_GRAPH}; failing on a stale graph"
-    )
+    return choice(ENV_TP_FAULT, environ)
 
 
 def stale_graph(environ: "Mapping[str, str] | None" = None) -> str:
     """``ASCEND_GRAPH_PATCH_STALE_GRAPH``: ``fail`` (a stale graph ends the engine's start-up with
     one error) or ``replay`` (stock's: it replays with its capture-time attention parameters)."""
-    return parse_stale_graph(_env(environ).get(ENV_STALE_GRAPH))[0]
+    return choice(ENV_STALE_GRAPH, environ)
+
+
+def replay_sync(environ: "Mapping[str, str] | None" = None) -> str:
+    """``ASCEND_GRAPH_PATCH_REPLAY_SYNC``: ``device`` (stock's barrier before every FULL replay)
+    or ``stream`` (owned graphs: the update stream waits on the compute stream instead)."""
+    return choice(ENV_REPLAY_SYNC, environ)
 
 
 def disabled_aspects(environ: "Mapping[str, str] | None" = None) -> frozenset[str]:
@@ -228,19 +239,16 @@ def problems(environ: "Mapping[str, str] | None" = None) -> list[str]:
         _, problem = parse_flag(name, env.get(name))
         if problem:
             found.append(problem)
-    _, problem = parse_tp_fault(env.get(ENV_TP_FAULT))
-    if problem:
-        found.append(problem)
-    _, problem = parse_stale_graph(env.get(ENV_STALE_GRAPH))
-    if problem:
-        found.append(problem)
+    for name in CHOICES:
+        _, problem = parse_choice(name, env.get(name))
+        if problem:
+            found.append(problem)
     # ASCEND_GRAPH_PATCH_SIM is the simulator's (torch-npu-sim) older name for TORCH_NPU_SIM.
     known = {
         ENV_MODE,
         ENV_DISABLE,
         ENV_STATUS_DIR,
-        ENV_TP_FAULT,
-        ENV_STALE_GRAPH,
+        *CHOICES,
         *FLAGS,
         PREFIX + "_SIM",
     }
