@@ -161,7 +161,10 @@ def install_group(installation: _Installation, group: str) -> None:
     done: list[str] = []
     try:
         shared.ACTIVE = shared.ACTIVE or shared.Active(
-            line=verdict.line, mode=mode, strict=settings.strict()
+            line=verdict.line,
+            mode=mode,
+            strict=settings.strict(),
+            stream_order=settings.replay_sync() == settings.SYNC_STREAM,
         )
         for aspect in present(verdict.line):
             if aspect.group != group or mode not in aspect.modes:

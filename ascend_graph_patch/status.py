@@ -148,6 +148,7 @@ def snapshot(check: bool = False, probe: bool = True) -> dict[str, Any]:
         "strict": settings.strict(),
         "force": settings.force(),
         "stale_graph": settings.stale_graph(),
+        "replay_sync": settings.replay_sync(),
         "disabled_aspects": sorted(settings.disabled_aspects()),
         "environment_problems": settings.problems() + loader_warnings(),
         "enable_error": loader_state.ENABLE_ERROR,

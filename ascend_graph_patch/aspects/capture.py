@@ -15,8 +15,8 @@ from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
 
 from ascend_graph_patch import state
+from ascend_graph_patch.aspects import replay_order, stale
 from ascend_graph_patch.aspects import scope as shared
-from ascend_graph_patch.aspects import stale
 from ascend_graph_patch.aspects.attention import left_to_stock, own_tasks
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.graph import CaptureRefused, OwnedGraph
@@ -129,7 +129,18 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         return wrapped(*args, **kwargs)
     what, forward_context, descriptor = call
     if what == _REPLAY:
-        output = wrapped(*args, **kwargs)
+        active, ordered = shared.ACTIVE, False
+        if active is not None and active.stream_order:
+            try:
+                role = current_role(forward_context)
+                streams = active.update_streams
+                ordered = replay_order.prepare_v1(instance, role, descriptor, streams)
+            except Exception as exc:  # stock's barrier, then
+                aspect_error(ASPECT, exc)
+        if ordered:
+            output = replay_order.without_barrier(wrapped, instance, args, kwargs)
+        else:
+            output = wrapped(*args, **kwargs)
         try:  # the update that follows is this wrapper's graph's (unless it updates first)
             if not getattr(instance, "enable_enpu", False):
                 shared.note_replay(current_role(forward_context), instance, descriptor)

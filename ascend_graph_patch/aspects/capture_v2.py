@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_graph_patch import state
+from ascend_graph_patch.aspects import replay_order, stale
 from ascend_graph_patch.aspects import scope as shared
-from ascend_graph_patch.aspects import stale
 from ascend_graph_patch.aspects.capture import close_scope, open_scope, own_captured
 from ascend_graph_patch.aspects.guard import aspect_error
 from ascend_graph_patch.core.kinds import DRAFT, DRAFT_PREFILL, TARGET
@@ -193,6 +193,11 @@ def run_fullgraph(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     except Exception as exc:
         aspect_error(ASPECT, exc)
         return wrapped(*args, **kwargs)
+    if shared.ACTIVE.stream_order:
+        try:
+            replay_order.v2_replay(shared.ACTIVE.update_streams)
+        except Exception as exc:  # no wait added: as stock, which has none here
+            aspect_error(ASPECT, exc)
     try:
         return wrapped(*args, **kwargs)
     finally:

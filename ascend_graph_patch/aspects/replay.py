@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ascend_graph_patch import fail_fast, state
-from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, verify
+from ascend_graph_patch.aspects import OBSERVE, ON, VERIFY, replay_order, verify
 from ascend_graph_patch.aspects import scope as shared
 from ascend_graph_patch.aspects.capture import current_role
 from ascend_graph_patch.aspects.guard import aspect_error
@@ -89,6 +89,8 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
         role = current_role(forward_context)
         descriptor = forward_context.batch_descriptor
         owner = shared.take_replay(role, descriptor)
+    if active.stream_order:
+        replay_order.note_update_stream(active.update_streams, update_stream)
     # with the owner known, only its graph will do: another live engine's is not this update's
     owned = REGISTRY.lookup(role, descriptor, owner)
     if owned is None:
@@ -97,6 +99,7 @@ def _plan(active: shared.Active, args: tuple, kwargs: dict) -> Any:
     if not owned.tasks:
         state.count("updates.skipped_empty")
         return _SKIP
+    owned.update_stream = update_stream
     try:
         if role == TARGET:
             values = owned.values_target(forward_context.attn_metadata)

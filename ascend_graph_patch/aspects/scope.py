@@ -25,6 +25,11 @@ class Active:
     line: Line
     mode: str
     strict: bool = False
+    #: ``ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream``: owned FULL graphs replay ordered by streams
+    #: instead of stock's barrier (``aspects/replay_order.py``)
+    stream_order: bool = False
+    #: the update streams seen while stream order is on (the runner's, a drafter's)
+    update_streams: list[Any] = field(default_factory=list)
 
 
 ACTIVE: Active | None = None

@@ -218,6 +218,9 @@ class OwnedGraph:
     #: update first). When an update fails, a launched replay still waits on the events.
     replay_first: bool = True
     tasks: list[UpdateTask] = field(default_factory=list)
+    #: The stream its last update ran on; stream-ordered replay orders it after the compute
+    #: stream before the next replay (``aspects/replay_order.py``). None until the first update.
+    update_stream: Any = None
     # Precomputed per graph: the buckets resolve walks and the calls apply walks, so a replay
     # step allocates the providers' fresh values and one list.
     _buckets: list[_Bucket] | None = field(default=None, repr=False)
