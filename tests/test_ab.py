@@ -28,6 +28,8 @@ FAKE_WORKER = textwrap.dedent('''
 
     def run(spec, progress, out_dir):
         arm = spec["arm"] if spec["arm"] == "eager" else ARM[os.environ["ASCEND_GRAPH_PATCH"]]
+        if os.environ.get("ASCEND_GRAPH_PATCH_REPLAY_SYNC") == "stream":
+            arm = "stream"
         if os.environ.get("FAKE_ENGINE_CORE") and arm == "patched":
             import multiprocessing
             proc = multiprocessing.get_context("fork").Process(target=engine_core, args=(9,))
@@ -62,13 +64,17 @@ FAKE_WORKER = textwrap.dedent('''
             counters = {"updates.owned": spec["steps"]} if arm != "stock" else {}
             if arm == "patched" and os.environ.get("FAKE_INEFFECTIVE"):
                 counters = {}
+            if arm == "stream":
+                counters["replay_order.barrier.first_replay"] = 2
+                if not os.environ.get("FAKE_UNORDERED"):
+                    counters["replay_order.stream"] = spec["steps"] - 2
             case = {"name": name, "expect": os.environ.get("FAKE_EXPECT", "ok"), "status": "ok",
                     "tokens": tokens, "logits_file": f"{name}.f32",
                     "eager": {"token_mismatches": 0, "near_ties": 0, "max_abs": 0.0},
                     "update_ns": [(2000 if arm == "stock" else 1000) + i
                                   for i in range(spec["steps"])],
                     "counters": counters, "env_hashseed": os.environ.get("PYTHONHASHSEED")}
-            case["step_ms"] = 10.0 if arm == "stock" else 9.0
+            case["step_ms"] = {"stock": 10.0, "stream": 8.0}.get(arm, 9.0)
             if os.environ.get("FAKE_NO_TIMING"):
                 case["update_ns"] = []
                 del case["step_ms"]
@@ -135,6 +141,43 @@ def test_schedule_is_abba_repeated_then_verify():
     ]
     with pytest.raises(ValueError):
         orchestrate.schedule(0, False)
+
+
+def test_stream_order_adds_a_stream_arm_inside_each_abba_block(tmp_path: Path):
+    """ABCCBA: the stream arm sits between the patched runs, so a linear drift cancels for all
+    three; only its processes get the setting, whatever the caller's environment says."""
+    assert orchestrate.schedule(1, True, eager=True, stream=True) == [
+        "eager", "stock", "patched", "stream", "stream", "patched", "stock", "verify"
+    ]  # fmt: skip
+    cfg = ABConfig(out=tmp_path, cases=["x"], stream=True)
+    base = {"PATH": "/bin", "ASCEND_GRAPH_PATCH_REPLAY_SYNC": "stream"}
+    envs = {r.arm: orchestrate.arm_env(base, cfg, r) for r in orchestrate.plan_runs(cfg)}
+    assert {a: e.get("ASCEND_GRAPH_PATCH_REPLAY_SYNC") for a, e in envs.items()} == {
+        "stock": None,
+        "patched": None,
+        "stream": "stream",
+    }
+    assert envs["stream"]["ASCEND_GRAPH_PATCH"] == "on"
+
+
+def test_the_stream_arm_is_compared_timed_and_explained(fake_cfg):
+    _, summary = _run(fake_cfg(stream=True))
+    assert summary.verdict == compare.PASS, summary.problems
+    case = summary.cases[0]
+    assert case.correctness["stream"] == "equal"
+    assert case.step_ms["stream"] == [8.0, 8.0]
+    (note,) = [n for n in case.notes if n.startswith("stream run 2 ")]
+    assert "4 replay(s) stream-ordered" in note and "first replay 2" in note
+    cols, rows = report.timing_table(summary)
+    assert cols[-1] == report.STREAM_COLUMN and rows[0][-1] == "8.00 (A-A 0.0%)"
+
+
+def test_a_stream_arm_that_ordered_no_replay_is_ineffective(fake_cfg):
+    """The negative control: the setting did not take (no replay stream-ordered, updates owned):
+    the A/B would have measured the patched arm twice."""
+    _, summary = _run(fake_cfg(stream=True, env={"FAKE_UNORDERED": "1"}))
+    assert summary.verdict == compare.INEFFECTIVE and summary.exit_code == 1
+    assert any("no replay(s) stream-ordered" in p for p in summary.problems), summary.problems
 
 
 def test_arm_env_differs_only_in_toggle_and_cache(tmp_path: Path):

@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "every update with stock in-process)",
     )
     parser.add_argument(
+        "--stream-order",
+        action="store_true",
+        help="add a stream arm: the overlay with its opt-in stream-ordered replay "
+        "(ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream: owned graphs replay without stock's per-step "
+        "device synchronize; their updates wait on the compute stream instead)",
+    )
+    parser.add_argument(
         "--eager",
         action="store_true",
         help="with --model: add an eager reference arm (enforce_eager); always on for the "
@@ -226,6 +233,7 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         seed=args.seed,
         repeats=args.repeats,
         verify=args.verify,
+        stream=args.stream_order,
         warmup=args.warmup,
         atol=args.atol,
         eager_atol=args.eager_atol,
@@ -283,7 +291,10 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         cfg.eager = bool(engine) or args.eager
         cfg.jobs = args.jobs or (2 if engine and len(engine) == len(names) else 1)
         if args.quick:
-            cfg.order = ["eager", "stock", "patched"] + (["verify"] if args.verify else [])
+            cfg.order = ["eager", "stock", "patched"]
+            cfg.order += (["stream"] if args.stream_order else []) + (
+                ["verify"] if args.verify else []
+            )
     if args.worker:
         cfg.worker_cmd = [sys.executable, args.worker]
     return cfg

@@ -55,7 +55,7 @@ EXIT_CODES = {
 #: Run statuses of an interrupted A/B: stopped while it ran, or never started.
 UNFINISHED = ("interrupted", "not run")
 #: The arms whose host update time is compared.
-TIMED_ARMS = ("stock", "patched")
+TIMED_ARMS = ("stock", "patched", "stream")
 #: Why a real engine on the simulator shows no host timing.
 SIMULATOR_TIMING_NOTE = (
     "no host timing on the simulator: the update call also drains the blocked replay on the "
@@ -535,8 +535,10 @@ def _check_overlay(
 ) -> None:
     for run in ok_runs:
         counters = states[run.index][1].get("counters") or {}
-        if run.arm == "patched" and not counters.get("updates.owned"):
-            msg = f"patched run {run.index}: the overlay owned no update (it was not effective)"
+        if run.arm == "stream":
+            _check_stream(res, run, counters)
+        if run.arm in ("patched", "stream") and not counters.get("updates.owned"):
+            msg = f"{run.arm} run {run.index}: the overlay owned no update (it was not effective)"
             seen_all = cfg.workload != "vllm" or (run.result or {}).get("processes", {}).get(
                 "count"
             )
@@ -561,6 +563,30 @@ def _check_overlay(
                 res.notes.append(
                     f"verify: {counters['verify.updates']} updates checked, 0 mismatches"
                 )
+
+
+#: The counters of stream-ordered replay (``aspects/replay_order.py``).
+_STREAM_ORDERED = "replay_order.stream"
+_KEPT_BARRIER = "replay_order.barrier."
+
+
+def _check_stream(res: CaseResult, run: ArmRun, counters: dict[str, int]) -> None:
+    """The stream arm must have replayed owned graphs stream-ordered (else it measured the
+    patched arm again); the note says how many, and why the others kept stock's barrier."""
+    ordered = int(counters.get(_STREAM_ORDERED, 0)) + int(counters.get(_STREAM_ORDERED + ".v2", 0))
+    kept = {
+        k.removeprefix(_KEPT_BARRIER): v for k, v in counters.items() if k.startswith(_KEPT_BARRIER)
+    }
+    why = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in sorted(kept.items()))
+    note = (
+        f"stream run {run.index} (opt-in ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream): "
+        f"{ordered or 'no'} replay(s) stream-ordered, without stock's device synchronize"
+        + (f"; stock's barrier kept: {why}" if why else "")
+    )
+    if not ordered and counters.get("updates.owned"):  # owned graphs replayed, none ordered
+        res.fail(INEFFECTIVE, note)
+    else:
+        res.notes.append(note)
 
 
 def _timing(

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_graph_patch import status_files, supervisor
-from ascend_graph_patch.ab.protocol import ARM_MODES, read_progress
+from ascend_graph_patch.ab.protocol import ARM_ENV, ARM_MODES, read_progress
 
 #: The worker that runs vLLM itself (on an Ascend host, or on the simulator).
 VLLM_WORKER = "ascend_graph_patch.ab.worker_vllm"
@@ -89,6 +89,8 @@ class ABConfig:
     seed: int = 0
     repeats: int = 1
     verify: bool = False
+    #: a ``stream`` arm in every ABBA block: the overlay with stream-ordered replay (opt-in)
+    stream: bool = False
     eager: bool = False  # an eager reference arm (first): real engines have no in-process eager
     timeout: float = 600.0
     warmup: int = 2  # leading steps per case left out of the timing statistics
@@ -176,9 +178,9 @@ class ArmRun:
         }
 
 
-def schedule(repeats: int, verify: bool, eager: bool = False) -> list[str]:
-    """The eager reference if asked, ABBA per repeat (A = stock, B = patched), then one verify
-    arm if asked.
+def schedule(repeats: int, verify: bool, eager: bool = False, stream: bool = False) -> list[str]:
+    """The eager reference if asked, ABBA per repeat (A = stock, B = patched; with ``stream``,
+    ABCCBA, C = the overlay with stream-ordered replay), then one verify arm if asked.
 
     ABBA cancels a linear drift (thermal, page cache, compile cache warming) between the arms;
     the repeated same-arm runs give the A-A noise floor. Verify is a correctness arm (it computes
@@ -186,7 +188,10 @@ def schedule(repeats: int, verify: bool, eager: bool = False) -> list[str]:
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    order = (["eager"] if eager else []) + ["stock", "patched", "patched", "stock"] * repeats
+    block = ["stock", "patched", "stream", "stream", "patched", "stock"]
+    if not stream:
+        block = [arm for arm in block if arm != "stream"]
+    order = (["eager"] if eager else []) + block * repeats
     if verify:
         order.append("verify")
     return order
@@ -198,6 +203,7 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
         k: v for k, v in base.items() if not k.startswith(_OWNED_PREFIX) or k in _KEEP_FROM_CALLER
     }
     env["ASCEND_GRAPH_PATCH"] = run.mode
+    env.update(ARM_ENV.get(run.arm, {}))
     env["VLLM_CACHE_ROOT"] = str(run.cache_root)
     env["PYTHONHASHSEED"] = str(cfg.seed)
     env["PYTHONUNBUFFERED"] = "1"
@@ -214,7 +220,7 @@ def arm_env(base: dict[str, str], cfg: ABConfig, run: ArmRun) -> dict[str, str]:
 def plan_runs(cfg: ABConfig) -> list[ArmRun]:
     runs = []
     seen: dict[str, int] = {}
-    order = cfg.order or schedule(cfg.repeats, cfg.verify, cfg.eager)
+    order = cfg.order or schedule(cfg.repeats, cfg.verify, cfg.eager, cfg.stream)
     for index, arm in enumerate(order):
         seen[arm] = seen.get(arm, 0) + 1
         run_dir = cfg.out / "arms" / f"{index:02d}-{arm}"

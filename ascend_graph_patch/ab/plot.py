@@ -14,8 +14,8 @@ from typing import Any
 from ascend_graph_patch.ab.compare import TIMED_ARMS, Summary, case_state
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
-_COLORS = {"stock": "tab:red", "patched": "tab:blue", "verify": "tab:green"}
-_ARMS = ("eager", "stock", "patched", "verify")
+_COLORS = {"stock": "tab:red", "patched": "tab:blue", "stream": "tab:purple", "verify": "tab:green"}
+_ARMS = ("eager", "stock", "patched", "stream", "verify")
 _GOOD, _KNOWN, _BAD, _NONE = "#9bd69b", "#f5c77e", "#ef8a8a", "#eeeeee"
 
 

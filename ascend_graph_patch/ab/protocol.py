@@ -20,7 +20,16 @@ from typing import Any
 
 #: arm name -> value of ASCEND_GRAPH_PATCH in that arm's process. The eager arm (the reference
 #: of workloads without an in-process eager run: real engines) builds eager engines, overlay off.
-ARM_MODES: dict[str, str] = {"eager": "off", "stock": "off", "patched": "on", "verify": "verify"}
+ARM_MODES: dict[str, str] = {
+    "eager": "off",
+    "stock": "off",
+    "patched": "on",
+    "stream": "on",
+    "verify": "verify",
+}
+#: arm name -> further settings of that arm's processes. ``stream``: the overlay with its opt-in
+#: stream-ordered replay (owned graphs replay without stock's per-step device synchronize).
+ARM_ENV: dict[str, dict[str, str]] = {"stream": {"ASCEND_GRAPH_PATCH_REPLAY_SYNC": "stream"}}
 
 #: Result schema version (bump on incompatible changes).
 SCHEMA = 1

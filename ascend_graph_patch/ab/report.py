@@ -12,7 +12,7 @@ from ascend_graph_patch.ab import engine_args, serve_report
 from ascend_graph_patch.ab.compare import PASS_KNOWN, PASS_WRONG, PASSES, CaseResult, Summary
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
-_ARMS = ("eager", "stock", "patched", "verify")
+_ARMS = ("eager", "stock", "patched", "stream", "verify")
 TIMING_COLUMNS = (
     "case",
     "stock us",
@@ -22,6 +22,8 @@ TIMING_COLUMNS = (
     "stock step ms",
     "patched step ms",
 )
+#: With a stream arm (``ab --stream-order``), its step latency after the patched arm's.
+STREAM_COLUMN = "stream step ms"
 
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
@@ -129,17 +131,22 @@ def timing_table(summary: Summary) -> tuple[list[str], list[list[str]]]:
     """The timing columns and rows, less the step-latency columns where nothing measured it."""
     body = timing_rows(summary)
     cols = list(TIMING_COLUMNS)
-    if not any(c.step_ms for c in summary.cases):
+    if any("stream" in c.step_ms for c in summary.cases):
+        cols.append(STREAM_COLUMN)
+        body = [[*row, _step_ms(c, "stream")] for row, c in zip(body, _timed(summary), strict=True)]
+    elif not any(c.step_ms for c in summary.cases):
         cols, body = cols[:-2], [r[:-2] for r in body]
     return cols, body
+
+
+def _timed(summary: Summary) -> list[CaseResult]:
+    return [c for c in summary.cases if c.timing or c.step_ms]
 
 
 def timing_rows(summary: Summary) -> list[list[str]]:
     """Only cases with timing: host update time per step, and (vLLM) step latency per arm."""
     out = []
-    for c in summary.cases:
-        if not c.timing and not c.step_ms:
-            continue
+    for c in _timed(summary):
         out.append(
             [
                 c.name,
