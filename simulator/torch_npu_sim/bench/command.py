@@ -112,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Ascend host for 28/64/94-layer shapes, +-PA, +-MTP k=3 (needs FIA, PA and MTP points)",
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="with --project: also print a MODELLED step timeline (step time, host and device "
+        "idle, the limit max(host, device)) for stock, stock without its barrier (unsafe), the "
+        "overlay and the overlay with stream-ordered replay, and its sensitivity to the constants",
+    )
+    parser.add_argument(
         "--cost",
         action="append",
         default=[],
@@ -262,6 +269,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ascend-graph-patch bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.timeline and not args.project:
+        print("ascend-graph-patch bench: error: --timeline needs --project", file=sys.stderr)
+        return 2
     if args.cost and not args.project:
         print("ascend-graph-patch bench: error: --cost is used by --project", file=sys.stderr)
         return 2
@@ -350,6 +360,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print()
             print(projecting.render(projection))
+            if args.timeline:
+                from torch_npu_sim.bench import timeline as timelining
+
+                projection["timeline"] = timelining.report(projection)
+                print()
+                print(timelining.render(projection["timeline"]))
     if signal_name is not None:
         print(f"INTERRUPTED ({signal_name}): {len(result.points)} point(s) measured")
     if args.json_path:
