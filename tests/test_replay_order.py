@@ -18,7 +18,7 @@ from ascend_graph_patch.aspects import replay_order
 from tests.overlay_support import EAGER_TOL, assert_bitwise, overlay_arm
 from torch_npu_sim import runtime
 
-STEPS = 40
+STEPS = 30
 STREAM = replay_order.STREAM
 FIRST = replay_order.BARRIER + ".first_replay"
 
@@ -46,7 +46,7 @@ def _graphs_replayed(arm: Any) -> int:
     return len({descriptor for (_, descriptor) in arm.keys})
 
 
-@pytest.mark.parametrize("name", ["dense_gqa", "paged_attention", "mla", "sinks"])
+@pytest.mark.parametrize("name", ["dense_gqa", "paged_attention", "mla"])
 def test_owned_graphs_replay_without_the_barrier_and_equal_stock(
     name: str, monkeypatch: pytest.MonkeyPatch, mocker: MockerFixture
 ) -> None:
@@ -69,14 +69,6 @@ def test_owned_graphs_replay_without_the_barrier_and_equal_stock(
     assert stock_sync - sync == counters[STREAM], (stock_sync, sync)
     assert wait - stock_wait == counters[STREAM], (stock_wait, wait)
     assert counters.get("updates.owned") == STEPS
-
-
-def test_stock_failing_graphs_stay_right_under_stream_order(stream_order: None) -> None:
-    """Where stock crashes (mixed PA + FIA), the overlay owns the graph: stream order applies."""
-    arm = overlay_arm("gemma4_mixed", "on", 30, eager=True)
-    assert arm.error is None, arm.error
-    assert arm.max_eager_error <= EAGER_TOL
-    assert arm.counters.get(STREAM) == 30 - _graphs_replayed(arm)
 
 
 def test_enpu_wrappers_are_left_as_stock_built_them(
