@@ -566,25 +566,33 @@ def _check_overlay(
 
 
 #: The counters of stream-ordered replay (``aspects/replay_order.py``).
-_STREAM_ORDERED = "replay_order.stream"
+_REPLAY_ORDER = "replay_order."
+_STREAM_ORDERED = ("replay_order.stream", "replay_order.stream.v2")
 _KEPT_BARRIER = "replay_order.barrier."
+_NO_BARRIER = "replay_order.no_barrier"
 
 
 def _check_stream(res: CaseResult, run: ArmRun, counters: dict[str, int]) -> None:
-    """The stream arm must have replayed owned graphs stream-ordered (else it measured the
-    patched arm again); the note says how many, and why the others kept stock's barrier."""
-    ordered = int(counters.get(_STREAM_ORDERED, 0)) + int(counters.get(_STREAM_ORDERED + ".v2", 0))
+    """The stream arm's setting must have taken effect (every FULL replay it saw is counted:
+    stream-ordered, barrier kept with a reason, or without a barrier in stock too); the note says
+    how many of each. Owned updates with nothing counted: it measured the patched arm again."""
+    ordered = sum(int(counters.get(k, 0)) for k in _STREAM_ORDERED)
     kept = {
         k.removeprefix(_KEPT_BARRIER): v for k, v in counters.items() if k.startswith(_KEPT_BARRIER)
     }
-    why = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in sorted(kept.items()))
+    untouched = int(counters.get(_NO_BARRIER, 0))
     note = (
         f"stream run {run.index} (opt-in ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream): "
         f"{ordered or 'no'} replay(s) stream-ordered, without stock's device synchronize"
-        + (f"; stock's barrier kept: {why}" if why else "")
     )
-    if not ordered and counters.get("updates.owned"):  # owned graphs replayed, none ordered
-        res.fail(INEFFECTIVE, note)
+    if kept:
+        why = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in sorted(kept.items()))
+        note += f"; stock's barrier kept: {why}"
+    if untouched:
+        note += f"; {untouched} replay(s) without a barrier in stock too (merged drafts, ENPU)"
+    counted = any(k.startswith(_REPLAY_ORDER) for k in counters)
+    if not counted and counters.get("updates.owned"):
+        res.fail(INEFFECTIVE, note + ": the setting did not take effect")
     else:
         res.notes.append(note)
 

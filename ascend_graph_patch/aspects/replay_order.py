@@ -40,6 +40,8 @@ from ascend_graph_patch.core.registry import REGISTRY
 
 STREAM = "replay_order.stream"
 BARRIER = "replay_order.barrier"
+#: replays stock runs without a barrier (ENPU, merged EAGLE / MTP drafts): left as they are
+NO_BARRIER = "replay_order.no_barrier"
 _SAID = (
     "stream-ordered replay is on (ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream, opt-in): owned FULL "
     "graphs replay without stock's device synchronize, their updates ordered after earlier "
@@ -82,7 +84,8 @@ def prepare_v1(instance: Any, role: str, descriptor: Any, streams: list[Any]) ->
     """Before ``ACLGraphWrapper.__call__`` replays the FULL graph ``(role, descriptor)``: whether
     it can replay without the barrier, having made the update streams wait if so."""
     if getattr(instance, "enable_enpu", False) or (role != TARGET and instance.use_eagle):
-        return False  # stock has no barrier here: nothing to replace
+        state.count(NO_BARRIER)  # stock has no barrier here: nothing to replace
+        return False
     reason = _keeps_barrier(instance, role, descriptor)
     if reason is not None:
         state.count(f"{BARRIER}.{reason}")
