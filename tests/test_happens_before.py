@@ -291,3 +291,47 @@ def test_the_detector_sees_what_the_simulator_did_not_run_yet(detector: Any) -> 
     step.update(3.0)  # the update of step 2 while step 2's replay ... and step 1's run: unordered
     npu.synchronize()
     assert _races(detector) == {"update": 1, "run": 0, "record": 1}
+
+
+_WRAPPER_SRC = """
+class ACLGraphWrapper:
+    def __init__(self, npu, graph):
+        self.npu, self.graph = npu, graph
+
+    def __call__(self):
+        self.npu.current_stream().synchronize()
+        self.graph.replay()
+"""
+
+
+def _wrapper_class(filename: str) -> type:
+    namespace: dict[str, Any] = {}
+    exec(compile(_WRAPPER_SRC, filename, "exec"), namespace)  # noqa: S102 - a stand-in caller
+    return namespace["ACLGraphWrapper"]
+
+
+@pytest.mark.parametrize("where", ["acl_graph", "elsewhere"])
+def test_the_barrier_switch_removes_only_the_wrappers_sync(detector: Any, where: str) -> None:
+    """``TORCH_NPU_SIM_TEST_NO_REPLAY_BARRIER``: the stream synchronize called by
+    ``ACLGraphWrapper.__call__`` in ``vllm_ascend/compilation/acl_graph.py`` is skipped (and the
+    detector then counts the races); the same code in another file keeps its barrier."""
+    from torch_npu_sim.engine import barrier
+
+    path = "/site/vllm_ascend/compilation/acl_graph.py" if where == "acl_graph" else "/site/x.py"
+    assert not barrier.install({})  # not asked: nothing installed
+    assert barrier.install({barrier.ENV_VAR: "1"}) and barrier.active()
+    try:
+        step = Step(detector)
+        wrapper = _wrapper_class(path)(npu, step.graph)
+        for i in range(3):
+            wrapper()
+            step.update(float(i + 2))
+        npu.synchronize()
+    finally:
+        barrier.uninstall()
+    assert not barrier.active()
+    skipped = detector.stats().get(barrier.COUNTER, 0)
+    if where == "acl_graph":
+        assert skipped == 3 and _races(detector) == {"update": 2, "run": 0, "record": 2}
+    else:
+        assert skipped == 0 and _races(detector) == {"update": 0, "run": 0, "record": 0}
