@@ -25,6 +25,11 @@ the same queued graph tasks). One re-entrant lock serialises every entry into th
 replay, drain, record, update, simulated op), as the device orders its own work; the current stream
 is per thread, as on a device (a thread starts on the default stream).
 
+Ordering: the simulator runs device work in program order, so a missing wait between streams
+never shows in its results. With ``TORCH_NPU_SIM_RACE_DETECTOR=count|raise`` the entry points
+below also feed :mod:`.happens_before`, which computes what a device would order (vector clocks)
+and reports every task update or event record some legal schedule would apply too early.
+
 Collectives: a captured ``c10d`` collective is a task whose replay issues it again and waits on its
 ``Work`` (a device graph's collective completes before the next task in its stream); a replay that
 dropped the ``Work`` would read a partial sum while the peer ranks still reduce.
@@ -47,7 +52,7 @@ from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import lifetimes
+from . import happens_before, lifetimes
 
 
 class SimulatorError(RuntimeError):
@@ -72,6 +77,8 @@ class _State:
         self._per_thread = threading.local()  # each thread's current stream
         self.busy: list[Stream] = []  # streams with queued work, in launch order
         self.counters = dict.fromkeys(_COUNTER_NAMES, 0)
+        # the happens-before race detector (``TORCH_NPU_SIM_RACE_DETECTOR``), None when off
+        self.hb = happens_before.create(SimulatorError)
 
     @property
     def current_stream(self) -> Stream:
@@ -140,12 +147,30 @@ def abandon_update_scope() -> bool:
     was_open = _S.update_handle is not None
     _S.update_handle = None
     _S.update_done = False
+    if _S.hb is not None:
+        _S.hb.abandon_update()
     return was_open
 
 
 def stats() -> dict[str, int]:
-    """Counters since the last ``reset()``: captures, replays, updates, records, ..."""
-    return dict(_S.counters)
+    """Counters since the last ``reset()``: captures, replays, updates, records, ... (and the
+    race detector's ``races_<kind>`` counts when it is on)."""
+    counters = dict(_S.counters)
+    if _S.hb is not None:
+        counters.update({f"races_{k}": n for k, n in _S.hb.counts.items()})
+    return counters
+
+
+def race_report() -> dict[str, Any] | None:
+    """The happens-before race detector's report since the last ``reset()`` (None when off)."""
+    return None if _S.hb is None else _S.hb.report()
+
+
+def _hb() -> happens_before.Detector | None:
+    """The race detector for a host call (not a task the simulator runs, not null cost)."""
+    if _S.executing or _S.null_cost:
+        return None
+    return _S.hb
 
 
 def set_null_cost(enabled: bool) -> None:
@@ -360,6 +385,8 @@ class Stream:
     @_locked
     def wait_stream(self, stream: Stream) -> None:
         """Order later work here after all work launched on ``stream`` so far."""
+        if _S.hb is not None and _S.capturing is None and (hb := _hb()) is not None:
+            hb.wait_stream(self, stream)
         if _S.capturing is not None or stream is self or not stream._queue:
             return
         self._launch(_StreamWaitTask(stream, stream._launched))
@@ -380,10 +407,15 @@ class Stream:
         _drain()
         if self._queue:
             _report_blocked([self], "Stream.synchronize()")
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.sync_stream(self)
 
     @_locked
     def query(self) -> bool:
-        return not self._queue
+        done = not self._queue
+        if done and _S.hb is not None and (hb := _hb()) is not None:
+            hb.sync_stream(self)  # the host saw it finish
+        return done
 
     def set_data_preprocess_stream(self, is_data_preprocess_stream: bool = False) -> None:
         return None
@@ -406,23 +438,35 @@ class Event:
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or _S.current_stream
         self._stream, self._target = stream, stream._launched
+        if _S.hb is not None and _S.capturing is None and (hb := _hb()) is not None:
+            hb.record_event(stream, self)
 
     @_locked
     def wait(self, stream: Stream | None = None) -> None:
         stream = stream or _S.current_stream
-        if _S.capturing is not None or self._stream is None or self.query():
+        if _S.hb is not None and _S.capturing is None and (hb := _hb()) is not None:
+            hb.wait_event(stream, self)
+        if _S.capturing is not None or self._stream is None or self._done():
             return
         stream._launch(_StreamWaitTask(self._stream, self._target))
 
+    def _done(self) -> bool:
+        return self._stream is None or self._stream._completed >= self._target
+
     @_locked
     def query(self) -> bool:
-        return self._stream is None or self._stream._completed >= self._target
+        done = self._done()
+        if done and _S.hb is not None and (hb := _hb()) is not None:
+            hb.sync_event(self)  # the host saw it complete
+        return done
 
     @_locked
     def synchronize(self) -> None:
         _drain()
-        if not self.query():
+        if not self._done():
             _report_blocked([self._stream], "Event.synchronize()")
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.sync_event(self)
 
     def elapsed_time(self, end_event: Event) -> float:
         return 0.0
@@ -441,8 +485,11 @@ class ExternalEvent:
         if _S.capturing is not None:
             _S.capturing._record(gate)
             return
+        stream = stream or _S.current_stream
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.gate(stream, self)
         self._pending += 1
-        (stream or _S.current_stream)._launch(gate)
+        stream._launch(gate)
 
     @_locked
     def reset(self, stream: Stream | None = None) -> None:
@@ -450,7 +497,10 @@ class ExternalEvent:
         if _S.capturing is not None:
             _S.capturing._record(task)
             return
-        (stream or _S.current_stream)._launch(task)
+        stream = stream or _S.current_stream
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.reset(stream, self)
+        stream._launch(task)
 
     def record(self, stream: Stream | None = None) -> None:
         """Release the pending (or next) wait; a second record before its reset is an error."""
@@ -464,6 +514,8 @@ class ExternalEvent:
         if _S.capturing is not None:
             raise SimulatorError("ExternalEvent.record during graph capture is not simulated")
         stream = stream or _S.current_stream
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.record_external(stream, self)
         if not stream._queue:
             self._do_record()
             return
@@ -591,6 +643,8 @@ def synchronize(device: Any = None) -> None:
     _drain()
     if _S.busy:
         _report_blocked(list(_S.busy), "synchronize()")
+    if _S.hb is not None and (hb := _hb()) is not None:
+        hb.sync_all()
 
 
 def current_stream(device: Any = None) -> Stream:
@@ -867,6 +921,8 @@ class NPUGraph:
             if last_stream._completed < target:
                 _report_blocked([last_stream], "NPUGraph.replay() (previous replay)")
         s = _S.current_stream
+        if _S.hb is not None and (hb := _hb()) is not None:
+            hb.replay(s, self, self._tasks, self._groups)
         queue = s._queue
         for task in self._tasks:
             if isinstance(task, _GateTask):
@@ -1030,6 +1086,8 @@ def _update_begin(stream: Stream, handle: _NPUTaskGroupHandle) -> None:
         )
     _S.update_handle = handle
     _S.update_done = False
+    if _S.hb is not None and (hb := _hb()) is not None:
+        hb.update_begin(stream, handle._id)
 
 
 def graph_task_update_end(stream: Stream) -> None:
@@ -1044,10 +1102,13 @@ def graph_task_update_end(stream: Stream) -> None:
 def _update_end(stream: Stream) -> None:
     if _S.update_handle is None:
         raise SimulatorError("graph_task_update_end outside an update scope")
+    handle = _S.update_handle
     done, _S.update_handle = _S.update_done, None
     if not done:
         raise SimulatorError("update scope closed without an op launch to update the task with")
     _S.counters["updates"] += 1
+    if _S.hb is not None and (hb := _hb()) is not None:
+        hb.update_end(_HANDLES.get(handle._id, (None,))[0])
 
 
 def _apply_update(name: str, args: tuple, kwargs: dict) -> None:

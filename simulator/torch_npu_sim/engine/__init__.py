@@ -14,12 +14,13 @@ __all__ = ["apply"]
 def apply() -> None:
     """Register every engine shim's post-import hook (idempotent).
 
-    Also arms the tests' negative control and the one-rank fault when their variables are set
-    (see ``control`` and ``rank_fault``).
+    Also arms the tests' negative controls and the one-rank fault when their variables are set
+    (see ``control``, ``barrier`` and ``rank_fault``).
     """
-    from . import ascend_c_ops, control, gdn_path, rank_fault, repairs, shims
+    from . import ascend_c_ops, barrier, control, gdn_path, rank_fault, repairs, shims
 
     control.install()
+    barrier.install()
     rank_fault.install()
     shims.apply()
     ascend_c_ops.install()

@@ -37,6 +37,8 @@ ENV_KEYS = (
     "TORCH_NPU_SIM_TEST_SKIP_RELAUNCH",
     "TORCH_NPU_SIM_TEST_RELAUNCH_RAISES",
     "TORCH_NPU_SIM_TEST_COLLECTIVE_TIMEOUT",
+    "TORCH_NPU_SIM_TEST_NO_REPLAY_BARRIER",
+    "TORCH_NPU_SIM_RACE_DETECTOR",
     "VLLM_PLUGINS",
 )
 
@@ -219,6 +221,9 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         from .repairs import ENV_VAR
 
         os.environ[ENV_VAR] = ",".join(case.repairs)
+    from . import barrier
+
+    barrier.install(case.environment)  # a case that removes stock's replay barrier (its process)
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
     pids_before = _status_pids(status_dir)
     seen: dict[str, Any] = {}
@@ -270,6 +275,7 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
         "rank": _rank(),
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
+        "races": runtime.race_report(),
         "draft_groups": _draft_groups(worker),
         "mla_context_chunks": dict(CONTEXT_CHUNK_STEPS),
     }

@@ -23,7 +23,8 @@ from typing import Any
 
 from ascend_graph_patch import supervisor
 
-from . import control
+from .. import happens_before
+from . import barrier, control
 from .cases import (
     CASES,
     CONTROL_CASES,
@@ -57,6 +58,23 @@ ARMS: dict[str, Arm] = {
 }
 
 
+#: Arms outside the engine tests (``python -m torch_npu_sim.engine.arms --arms NAME``): stock, and
+#: the overlay, with stock's replay barrier removed (``barrier``): the race detector's negative
+#: controls on the engine (the overlay's updates are ordered by that barrier too).
+OPTIONAL_ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("nobarrier", graph=True, env={"ASCEND_GRAPH_PATCH": "off", barrier.ENV_VAR: "1"}),
+        Arm(
+            "overlay-nobarrier",
+            graph=True,
+            env={"ASCEND_GRAPH_PATCH": "on", barrier.ENV_VAR: "1"},
+        ),
+    )
+}
+ALL_ARMS: dict[str, Arm] = {**ARMS, **OPTIONAL_ARMS}
+
+
 def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
     if cases is CASES:  # with the cases only the control runs (a check switched off)
         cases = (*CASES, *CONTROL_ONLY_CASES)
@@ -72,7 +90,7 @@ def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("ASCEND_GRAPH_PATCH", "VLLM_", control.ENV_VAR))
+        if not k.startswith(("ASCEND_GRAPH_PATCH", "VLLM_", control.ENV_VAR, barrier.ENV_VAR))
     }
     cache = directory / "vllm-cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -94,6 +112,9 @@ def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str
         OMP_NUM_THREADS="1",
         VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     )
+    # The race detector counts in every arm (the tests read its counts; stock's barrier removed
+    # must be the only way to get one): a parent's own setting wins.
+    env.setdefault(happens_before.ENV_VAR, happens_before.COUNT)
     env.update(arm.env)
     return env
 
@@ -116,7 +137,7 @@ def run_arms(
     An arm that dies without a result gets ``{"error": ..., "cases": {}}`` with its log's tail.
     """
     shared = directory / "modelinfos"
-    pending = [ARMS[name] for name in arms]
+    pending = [ALL_ARMS[name] for name in arms]
     running: list[tuple[Arm, subprocess.Popen[bytes], float, Path]] = []
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -187,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m torch_npu_sim.engine.arms --out DIR``: run the arms, print the table."""
     import argparse
 
-    from . import models, report
+    from . import models, race_table, report
 
     parser = argparse.ArgumentParser(prog="python -m torch_npu_sim.engine.arms")
     parser.add_argument("--out", required=True, help="working directory (results, logs, caches)")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ALL_ARMS)}"
+    )
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--models", default="", help="model cache (default: OUT/models)")
     args = parser.parse_args(argv)
@@ -208,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_arms(out, model_root, args.arms.split(","), chosen)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(report.table(results, chosen))
+    print(race_table.table(results, chosen))
     return 0
 
 

@@ -383,3 +383,41 @@ def eager_cases(cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     for case in cases:
         seen.setdefault(case.reference, case.eager())
     return tuple(seen.values())
+
+
+# --- async scheduling (issue 36): the race detector's cases ----------------------------------
+#: vLLM's async scheduling: the host prepares step i+1 while step i's device work may still run
+#: (the sampled tokens are copied on their own stream and read by an output thread). Stock's
+#: replay barrier is what orders its task updates after the previous replay there; with the
+#: barrier removed (``barrier``, arm ``nobarrier``) the race detector must count the updates.
+ASYNC = {"async_scheduling": True}
+
+ASYNC_CASES: tuple[Case, ...] = (
+    _qwen3("qwen3/compile/decode-only/async", engine=ASYNC),
+    _qwen3("qwen3+pa/compile/decode-only/async", pa_shape_list=(1, 4), engine=ASYNC),
+    Case(
+        "gemma4/compile/decode-only/async",
+        model="gemma4",
+        engine={"language_model_only": True, **ASYNC},
+        stock="crash: ValueError: not enough values to unpack (expected 22, got 9)",
+    ),
+    _mtp("deepseek-v3+mtp/k1/compile/decode-only/async", "deepseek_v3", 1, engine=ASYNC),
+    _qwen3(
+        "qwen3+eagle3/compile/decode-only/async",
+        draft="qwen3_eagle3",
+        num_speculative_tokens=2,
+        capture_sizes=(3, 6, 12),
+        engine=ASYNC,
+    ),
+)
+ALL_CASES = ALL_CASES + ASYNC_CASES
+#: The engine tests run the first (stock, overlay and verify: no race, tokens equal eager's) ...
+CASES = (*CASES, ASYNC_CASES[0])
+#: ... and, in the negative control's arm, the same engine without stock's replay barrier
+#: (``barrier``; named, not imported): the detector must count the updates and records.
+NO_BARRIER_CASE = dataclasses.replace(
+    ASYNC_CASES[0],
+    name="qwen3/compile/decode-only/async/no-barrier",
+    environment={"TORCH_NPU_SIM_TEST_NO_REPLAY_BARRIER": "1"},
+)
+CONTROL_ONLY_CASES = (*CONTROL_ONLY_CASES, NO_BARRIER_CASE)

@@ -1,0 +1,110 @@
+"""The race detector's table over engine arms: case x arm, races by kind, tokens against eager.
+
+The races are read from each case's model-runner processes (``runner_figures``: the simulator's
+counters there, ``races_<kind>``, present when ``TORCH_NPU_SIM_RACE_DETECTOR`` was on), summed over
+the processes (TP ranks). ``python -m torch_npu_sim.engine.race_table RESULTS.json`` prints it for
+a run of ``python -m torch_npu_sim.engine.arms``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..happens_before import KINDS
+from . import report
+from .cases import Case
+
+
+def races(record: dict[str, Any]) -> dict[str, int] | None:
+    """Races by kind over a case's model-runner processes (None: the detector was off)."""
+    found: dict[str, int] | None = None
+    for runner in record.get("runners") or []:
+        sim = (runner or {}).get("sim") or {}
+        if not any(f"races_{k}" in sim for k in KINDS):
+            continue
+        found = found or dict.fromkeys(KINDS, 0)
+        for kind in KINDS:
+            found[kind] += sim.get(f"races_{kind}", 0)
+    return found
+
+
+def _barriers(record: dict[str, Any]) -> int:
+    runners = record.get("runners") or []
+    return sum(((r or {}).get("sim") or {}).get("replay_barriers_skipped", 0) for r in runners)
+
+
+def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any]]:
+    out = []
+    for case in cases:
+        for arm, data in results.items():
+            if arm == "eager":
+                continue
+            record = (data.get("cases") or {}).get(case.name)
+            if record is None:
+                continue
+            c = report.cell(results, arm, case)
+            out.append(
+                {
+                    "case": case.name,
+                    "async": bool(case.engine.get("async_scheduling")),
+                    "arm": arm,
+                    "races": races(record),
+                    "barriers_skipped": _barriers(record),
+                    "replays": c.get("replays"),
+                    "error": c.get("error"),
+                    "equal": c.get("equal"),
+                }
+            )
+    return out
+
+
+def table(results: dict[str, Any], cases: tuple[Case, ...]) -> str:
+    """Markdown: one row per case and graph arm."""
+    head = [
+        "case",
+        "async scheduling",
+        "arm",
+        "races (update / run / record)",
+        "barriers skipped",
+        "replays",
+        "tokens vs eager",
+    ]
+    lines = [head, ["---"] * len(head)]
+    for r in rows(results, cases):
+        counts = r["races"]
+        shown = "off" if counts is None else " / ".join(str(counts[k]) for k in KINDS)
+        if r["error"]:
+            tokens = "crash: " + r["error"][:60]
+        else:
+            tokens = {True: "equal", False: "DIFFER", None: "?"}[r["equal"]]
+        lines.append(
+            [
+                r["case"],
+                "on" if r["async"] else "off",
+                r["arm"],
+                shown,
+                str(r["barriers_skipped"]),
+                str(r["replays"]),
+                tokens,
+            ]
+        )
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .arms import CONTROL_ONLY_CASES
+    from .cases import ALL_CASES
+
+    args = sys.argv[1:] if argv is None else argv
+    results = json.loads(Path(args[0]).read_text())
+    ran = {name for data in results.values() for name in (data.get("cases") or {})}
+    cases = tuple(c for c in (*ALL_CASES, *CONTROL_ONLY_CASES) if c.name in ran)
+    print(table(results, cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
