@@ -192,3 +192,41 @@ def test_every_known_update_stream_waits_on_the_compute_stream(
     target_stream.wait_stream.assert_called_once_with(compute)
     draft_stream.wait_stream.assert_called_once_with(compute)
     compute.wait_stream.assert_not_called()
+
+
+# --- what the device orders: the simulator's race detector ---------------------------------
+
+
+@pytest.fixture
+def detector(rt: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from torch_npu_sim import happens_before
+
+    monkeypatch.setenv(happens_before.ENV_VAR, "count")
+    rt.reset()
+    yield rt
+    monkeypatch.delenv(happens_before.ENV_VAR)
+    rt.reset()
+
+
+@pytest.mark.parametrize("wait", ["kept", "dropped"])
+def test_the_stream_order_wait_is_what_orders_the_update(detector: Any, wait: str) -> None:
+    """Stock's decode step (a captured graph gated on an event, replayed, then its task updated
+    on the update stream and the event recorded), with this module's wait before each replay in
+    place of the barrier: no race. Its negative control, the same wait dropped by the simulator's
+    switch (``engine.order_wait``, the engine's ``stream-nowait`` arm): every later step races."""
+    from tests.test_happens_before import Step
+    from torch_npu_sim.engine import order_wait
+
+    if wait == "dropped":
+        assert order_wait.install({order_wait.ENV_VAR: "1"}) and order_wait.active()
+    try:
+        step = Step(detector)
+        step.run(3, lambda s: replay_order._order_updates_after_compute([s.update_stream]))
+    finally:
+        order_wait.uninstall()
+    races = detector.race_report()["by_kind"]
+    skipped = detector.stats().get(order_wait.COUNTER, 0)
+    if wait == "kept":
+        assert races == {"update": 0, "run": 0, "record": 0} and skipped == 0
+    else:
+        assert races == {"update": 2, "run": 0, "record": 2} and skipped == 3

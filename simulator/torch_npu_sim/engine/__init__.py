@@ -15,12 +15,13 @@ def apply() -> None:
     """Register every engine shim's post-import hook (idempotent).
 
     Also arms the tests' negative controls and the one-rank fault when their variables are set
-    (see ``control``, ``barrier`` and ``rank_fault``).
+    (see ``control``, ``barrier``, ``order_wait`` and ``rank_fault``).
     """
-    from . import ascend_c_ops, barrier, control, gdn_path, rank_fault, repairs, shims
+    from . import ascend_c_ops, barrier, control, gdn_path, order_wait, rank_fault, repairs, shims
 
     control.install()
     barrier.install()
+    order_wait.install()
     rank_fault.install()
     shims.apply()
     ascend_c_ops.install()

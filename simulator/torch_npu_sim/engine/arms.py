@@ -24,7 +24,7 @@ from typing import Any
 from ascend_graph_patch import supervisor
 
 from .. import happens_before
-from . import barrier, control
+from . import barrier, control, order_wait
 from .cases import (
     CASES,
     CONTROL_CASES,
@@ -58,6 +58,9 @@ ARMS: dict[str, Arm] = {
 }
 
 
+#: The overlay's setting for stream-ordered replay (named, not imported: the overlay's settings).
+STREAM_ORDER = {"ASCEND_GRAPH_PATCH_REPLAY_SYNC": "stream"}
+
 #: Arms outside the engine tests (``python -m torch_npu_sim.engine.arms --arms NAME``): stock, and
 #: the overlay, with stock's replay barrier removed (``barrier``): the race detector's negative
 #: controls on the engine (the overlay's updates are ordered by that barrier too).
@@ -69,6 +72,13 @@ OPTIONAL_ARMS: dict[str, Arm] = {
             "overlay-nobarrier",
             graph=True,
             env={"ASCEND_GRAPH_PATCH": "on", barrier.ENV_VAR: "1"},
+        ),
+        # the overlay's opt-in stream-ordered replay, and its negative control without the wait
+        Arm("stream", graph=True, env={"ASCEND_GRAPH_PATCH": "on", **STREAM_ORDER}),
+        Arm(
+            "stream-nowait",
+            graph=True,
+            env={"ASCEND_GRAPH_PATCH": "on", **STREAM_ORDER, order_wait.ENV_VAR: "1"},
         ),
     )
 }
@@ -90,7 +100,9 @@ def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("ASCEND_GRAPH_PATCH", "VLLM_", control.ENV_VAR, barrier.ENV_VAR))
+        if not k.startswith(
+            ("ASCEND_GRAPH_PATCH", "VLLM_", control.ENV_VAR, barrier.ENV_VAR, order_wait.ENV_VAR)
+        )
     }
     cache = directory / "vllm-cache"
     cache.mkdir(parents=True, exist_ok=True)

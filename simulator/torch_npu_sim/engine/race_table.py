@@ -36,6 +36,21 @@ def _barriers(record: dict[str, Any]) -> int:
     return sum(((r or {}).get("sim") or {}).get("replay_barriers_skipped", 0) for r in runners)
 
 
+#: The overlay's counters of stream-ordered replays (v1 wrappers, v2 managers).
+_ORDERED = ("replay_order.stream", "replay_order.stream.v2")
+
+
+def _stream_order(record: dict[str, Any]) -> tuple[int, int]:
+    """(replays the overlay stream-ordered, stream-order waits the negative control skipped)
+    over a case's model-runner processes."""
+    ordered = skipped = 0
+    for runner in record.get("runners") or []:
+        counters = ((runner or {}).get("overlay") or {}).get("counters") or {}
+        ordered += sum(counters.get(k, 0) for k in _ORDERED)
+        skipped += ((runner or {}).get("sim") or {}).get("order_waits_skipped", 0)
+    return ordered, skipped
+
+
 def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
@@ -53,6 +68,7 @@ def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any
                     "arm": arm,
                     "races": races(record),
                     "barriers_skipped": _barriers(record),
+                    "stream_order": _stream_order(record),
                     "replays": c.get("replays"),
                     "error": c.get("error"),
                     "equal": c.get("equal"),
@@ -69,6 +85,7 @@ def table(results: dict[str, Any], cases: tuple[Case, ...]) -> str:
         "arm",
         "races (update / run / record)",
         "barriers skipped",
+        "stream-ordered / waits skipped",
         "replays",
         "tokens vs eager",
     ]
@@ -87,6 +104,7 @@ def table(results: dict[str, Any], cases: tuple[Case, ...]) -> str:
                 r["arm"],
                 shown,
                 str(r["barriers_skipped"]),
+                "{} / {}".format(*r["stream_order"]),
                 str(r["replays"]),
                 tokens,
             ]
