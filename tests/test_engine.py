@@ -15,7 +15,9 @@ children of one process. Then:
   right, and stock's failures counted where it crashes;
 - the draft reports its acceptance rate in every arm, equal to eager's in every graph arm (tokens
   alone cannot show a wrong draft graph: speculative decoding is lossless);
-- the negative control's tokens differ from eager's: the comparison can fail.
+- the negative control's tokens differ from eager's: the comparison can fail;
+- the happens-before race detector, on in every arm, finds no race in any graph arm, async
+  scheduling included; without stock's replay barrier (in the control arm) it counts them.
 """
 
 from __future__ import annotations

@@ -121,21 +121,23 @@ class _StreamClock:
 class _ExternalClock:
     """An ``ExternalEvent``'s records and their consumption."""
 
-    __slots__ = ("records", "gates", "resets")
+    __slots__ = ("issued", "records", "gates", "resets", "reset_count")
 
     def __init__(self) -> None:
-        self.records: list[Clock | None] = []  # by record index: its clock once resolved
+        self.issued = 0  # records launched
+        # by record index, until its gate consumed it: None while the record is pending
+        self.records: dict[int, Clock | None] = {}
         self.gates = 0  # gates resolved (the n-th consumes record n)
-        self.resets: list[tuple[int, int]] = []  # epoch of each consumption's reset
+        self.resets: dict[int, tuple[int, int]] = {}  # epoch of the n-th reset, until checked
+        self.reset_count = 0
 
 
 class _Marker:
     """An ``Event.record`` (or a ``wait_stream``'s implicit one): its clock once resolved."""
 
-    __slots__ = ("stream", "clock")
+    __slots__ = ("clock",)
 
-    def __init__(self, stream: _StreamClock) -> None:
-        self.stream = stream
+    def __init__(self) -> None:
         self.clock: Clock | None = None
 
 
@@ -259,8 +261,9 @@ class Detector:
     def record_external(self, stream: Any, event: Any) -> None:
         """``ExternalEvent.record(stream)``."""
         state = self._external(event)
-        state.records.append(None)
-        item = _Item("record", (state, len(state.records) - 1), self._snapshot())
+        state.records[state.issued] = None
+        item = _Item("record", (state, state.issued), self._snapshot())
+        state.issued += 1
         self._launch(self._stream(stream), [item])
 
     def update_begin(self, stream: Any, handle: int) -> None:
@@ -281,10 +284,8 @@ class Detector:
 
     def record_event(self, stream: Any, event: Any) -> None:
         """``Event.record(stream)``: a marker the event stands for from now on."""
-        state = self._stream(stream)
-        marker = _Marker(state)
-        self._markers[event] = marker
-        self._launch(state, [_Item("marker", marker, self._snapshot())])
+        marker = self._markers[event] = _Marker()
+        self._launch(self._stream(stream), [_Item("marker", marker, self._snapshot())])
 
     def wait_event(self, stream: Any, event: Any) -> None:
         """``Event.wait(stream)`` / ``Stream.wait_event``."""
@@ -298,9 +299,8 @@ class Detector:
         so far."""
         if stream is other:
             return
-        source = self._stream(other)
-        marker = _Marker(source)
-        self._launch(source, [_Item("marker", marker, self._snapshot())])
+        marker = _Marker()
+        self._launch(self._stream(other), [_Item("marker", marker, self._snapshot())])
         self._launch(self._stream(stream), [_Item("wait", marker, self._snapshot())])
 
     # ---------------------------------------------------------------- host waits
@@ -342,9 +342,9 @@ class Detector:
     def _resolve(self, stream: _StreamClock, item: _Item) -> bool:
         kind, obj = item.kind, item.obj
         if kind == "gate":
-            if obj.gates >= len(obj.records) or obj.records[obj.gates] is None:
+            source: Clock | None = obj.records.get(obj.gates)
+            if source is None:
                 return False  # its record is not launched or not resolved yet
-            source: Clock | None = obj.records[obj.gates]
         elif kind == "wait":
             if obj.clock is None:
                 return False
@@ -358,9 +358,11 @@ class Detector:
         clock[stream.actor] = item.pos
         epoch = (stream.actor, item.pos)
         if kind == "gate":
+            del obj.records[obj.gates]
             obj.gates += 1
         elif kind == "reset":
-            obj.resets.append(epoch)
+            obj.resets[obj.reset_count] = epoch
+            obj.reset_count += 1
         elif kind == "record":
             self._check_record(obj, clock, stream)
         elif kind == "run":
@@ -375,7 +377,7 @@ class Detector:
     def _check_record(self, obj: tuple[_ExternalClock, int], clock: Clock, stream: Any) -> None:
         state, index = obj
         if index > 0:
-            consumed = state.resets[index - 1] if len(state.resets) >= index else None
+            consumed = state.resets.pop(index - 1, None)
             if consumed is None or not _covers(clock, consumed):
                 self._race(
                     "record",
