@@ -409,6 +409,13 @@ ASYNC_CASES: tuple[Case, ...] = (
         capture_sizes=(3, 6, 12),
         engine=ASYNC,
     ),
+    # the hybrid: Gated DeltaNet layers (no task) among the attention layers, with its MTP draft
+    _mtp(
+        "qwen3.5+mtp/k1/compile/decode-only/async",
+        "qwen3_5",
+        1,
+        engine={**QWEN35_ENGINE, **ASYNC},
+    ),
 )
 ALL_CASES = ALL_CASES + ASYNC_CASES
 #: The engine tests run the first (stock, overlay and verify: no race, tokens equal eager's) ...
