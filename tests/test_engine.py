@@ -52,7 +52,7 @@ def results(engine_root: Path) -> Iterator[dict[str, Any]]:
     for name in sorted({m for c in cases.CASES for m in (c.model, c.draft) if m}):
         models.materialize(name, model_root)
     out = arms.run_arms(root, model_root)
-    table = report.table(out, cases.CASES + cases.CONTROL_ONLY_CASES)
+    table = report.table(out, cases.CASES + cases.CONTROL_ONLY_CASES + cases.OVERLAY_ONLY_CASES)
     (root / "table.md").write_text(table + "\n")
     print("\n" + table)
     yield out
@@ -330,6 +330,26 @@ def test_without_the_replay_barrier_async_updates_race(results: dict[str, Any]) 
     sim = report.runner(record).get("sim") or {}
     assert sim.get("replay_barriers_skipped"), sim
     assert found is not None and found["update"] > 0 and found["record"] > 0, found
+
+
+def test_stream_ordered_replay_has_no_race_and_without_its_wait_races(
+    results: dict[str, Any],
+) -> None:
+    """The overlay's opt-in stream-ordered replay (``ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream``) on
+    the async engine: replays ordered without stock's barrier, no race, tokens equal eager's. Its
+    negative control, the same with the overlay's ``wait_stream`` made a no-op by the simulator
+    (``order_wait``): the detector counts the updates and records the wait ordered."""
+    for case, clean in ((cases.STREAM_ORDER_CASE, True), (cases.STREAM_NO_WAIT_CASE, False)):
+        record = _arm(results, "overlay")[case.name]
+        assert not record.get("error"), record.get("error")
+        assert report.cell(results, "overlay", case).get("equal") is True, case.name
+        found = race_table.races(record)
+        ordered, skipped = race_table.stream_order(record)
+        assert ordered > 0 and found is not None, (case.name, ordered, found)
+        if clean:
+            assert not any(found.values()) and skipped == 0, found
+        else:
+            assert found["update"] > 0 and found["record"] > 0 and skipped > 0, found
 
 
 def test_tiny_models_are_cached_by_recipe(tmp_path: Path) -> None:

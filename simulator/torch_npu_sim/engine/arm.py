@@ -221,9 +221,10 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         from .repairs import ENV_VAR
 
         os.environ[ENV_VAR] = ",".join(case.repairs)
-    from . import barrier
+    from . import barrier, order_wait
 
     barrier.install(case.environment)  # a case that removes stock's replay barrier (its process)
+    order_wait.install(case.environment)  # or the overlay's stream-order wait
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
     pids_before = _status_pids(status_dir)
     seen: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from .cases import (
     CONTROL_CASES,
     CONTROL_ONLY_CASES,
     OPTIONAL_CONTROL_CASES,
+    OVERLAY_ONLY_CASES,
     Case,
     eager_cases,
 )
@@ -86,14 +87,16 @@ ALL_ARMS: dict[str, Arm] = {**ARMS, **OPTIONAL_ARMS}
 
 
 def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
-    if cases is CASES:  # with the cases only the control runs (a check switched off)
-        cases = (*CASES, *CONTROL_ONLY_CASES)
+    if cases is CASES:  # with the cases only the control (or the overlay) runs
+        cases = (*CASES, *CONTROL_ONLY_CASES, *OVERLAY_ONLY_CASES)
     if arm == "eager":
         return list(eager_cases(cases))
     if arm == "control":
         controlled = (*CONTROL_CASES, *OPTIONAL_CONTROL_CASES)
         return [c for c in cases if c.name in controlled or c in CONTROL_ONLY_CASES]
-    return [c for c in cases if c not in CONTROL_ONLY_CASES]
+    if arm == "overlay":
+        return [c for c in cases if c not in CONTROL_ONLY_CASES]
+    return [c for c in cases if c not in CONTROL_ONLY_CASES and c not in OVERLAY_ONLY_CASES]
 
 
 def arm_env(arm: Arm, directory: Path, shared_modelinfos: Path) -> dict[str, str]:

@@ -428,3 +428,19 @@ NO_BARRIER_CASE = dataclasses.replace(
     environment={"TORCH_NPU_SIM_TEST_NO_REPLAY_BARRIER": "1"},
 )
 CONTROL_ONLY_CASES = (*CONTROL_ONLY_CASES, NO_BARRIER_CASE)
+#: The overlay's opt-in stream-ordered replay on the same engine (its setting in the case's
+#: process: the overlay reads it when vllm-ascend loads there): no race, tokens equal eager's ...
+STREAM_ORDER_CASE = dataclasses.replace(
+    ASYNC_CASES[0],
+    name="qwen3/compile/decode-only/async/stream-order",
+    environment={"ASCEND_GRAPH_PATCH_REPLAY_SYNC": "stream"},
+)
+#: ... and its negative control, with the overlay's wait dropped (``order_wait``): races counted.
+STREAM_NO_WAIT_CASE = dataclasses.replace(
+    STREAM_ORDER_CASE,
+    name="qwen3/compile/decode-only/async/stream-order/no-wait",
+    environment={**STREAM_ORDER_CASE.environment, "TORCH_NPU_SIM_TEST_NO_ORDER_WAIT": "1"},
+)
+#: Cases only the overlay's arm runs (a setting of the overlay's, on one engine it already runs).
+OVERLAY_ONLY_CASES: tuple[Case, ...] = (STREAM_ORDER_CASE, STREAM_NO_WAIT_CASE)
+ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)

@@ -40,7 +40,7 @@ def _barriers(record: dict[str, Any]) -> int:
 _ORDERED = ("replay_order.stream", "replay_order.stream.v2")
 
 
-def _stream_order(record: dict[str, Any]) -> tuple[int, int]:
+def stream_order(record: dict[str, Any]) -> tuple[int, int]:
     """(replays the overlay stream-ordered, stream-order waits the negative control skipped)
     over a case's model-runner processes."""
     ordered = skipped = 0
@@ -68,7 +68,7 @@ def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any
                     "arm": arm,
                     "races": races(record),
                     "barriers_skipped": _barriers(record),
-                    "stream_order": _stream_order(record),
+                    "stream_order": stream_order(record),
                     "replays": c.get("replays"),
                     "error": c.get("error"),
                     "equal": c.get("equal"),
