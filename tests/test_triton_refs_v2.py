@@ -37,7 +37,7 @@ def _last_program_dropped(reference: Callable[..., None]) -> Callable[..., None]
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, key: str, broken: bool) -> None:
-    reference = triton_refs.V2_REFERENCES[key]
+    reference = {**triton_refs.V2_REFERENCES, **triton_refs.V2_SPEC_REFERENCES}[key]
     if broken:
         reference = _last_program_dropped(reference)
     monkeypatch.setitem(triton_refs.REFERENCES, key, reference)
@@ -351,6 +351,354 @@ def check_gumbel_sample() -> bool:
     return torch.equal(sampled, want) and rows_written
 
 
+# --- speculative decoding (EAGLE / MTP on v2): the speculator's and the rejection sampler's ----
+
+
+SPEC = "vllm.v1.worker.gpu.spec_decode.autoregressive.speculator"
+REJECTION = "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"
+
+
+def _stub(key: str) -> Any:
+    import importlib
+
+    module, _, name = key.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def check_expand_idx_mapping() -> bool:
+    from vllm.v1.worker.gpu.input_batch import expand_idx_mapping
+
+    idx_mapping, cu = [2, 0, 3], [0, 3, 4, 7]
+    mapping, local = expand_idx_mapping(
+        torch.tensor(idx_mapping, dtype=torch.int32), 7, torch.tensor(cu, dtype=torch.int32), 3
+    )
+    want_mapping, want_local = [], []
+    for req, row in enumerate(idx_mapping):
+        for i in range(cu[req + 1] - cu[req]):
+            want_mapping.append(row)
+            want_local.append(i)
+    return mapping.tolist() == want_mapping and local.tolist() == want_local
+
+
+def check_spec_prepare_prefill_inputs() -> bool:
+    # Request 0 decoded with 1 rejected token, request 1 is a chunked prefill, request 2 decoded.
+    idx_mapping, starts = [1, 2, 0], [0, 3, 7, 10]
+    target_ids = list(range(100, 110))
+    target_pos = [5, 6, 7, 0, 1, 2, 3, 8, 9, 10]
+    seq_lens = [8, 4, 11]
+    num_sampled, num_rejected = [2, 0, 3], [1, 0, 0]
+    last_sampled, next_prefill = [901, 902, 903], [801, 802, 803]
+    max_reqs = 5
+    last = _full(max_reqs)
+    step = torch.tensor([3], dtype=torch.int32)
+    ids, positions = _full(10), _full(10, torch.int64)
+    qsl, lens = _full(max_reqs + 1), _full(max_reqs)
+    _stub(f"{SPEC}._prepare_prefill_inputs_kernel")[(3,)](
+        last,
+        step,
+        ids,
+        positions,
+        qsl,
+        lens,
+        torch.tensor(target_ids, dtype=torch.int32),
+        torch.tensor(target_pos, dtype=torch.int64),
+        torch.tensor(idx_mapping, dtype=torch.int32),
+        torch.tensor(last_sampled, dtype=torch.int64),
+        torch.tensor(next_prefill, dtype=torch.int32),
+        torch.tensor(num_sampled, dtype=torch.int32),
+        torch.tensor(num_rejected, dtype=torch.int32),
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        max_reqs,
+        BLOCK_SIZE=1024,
+    )
+    want_ids, want_pos = [SENTINEL] * 10, [SENTINEL] * 10
+    want_last, want_qsl, want_lens = [SENTINEL] * max_reqs, [SENTINEL] * 6, [SENTINEL] * 5
+    for req, row in enumerate(idx_mapping):
+        start = starts[req]
+        length = starts[req + 1] - start - num_rejected[req]
+        for i in range(1, length):
+            want_ids[start + i - 1] = target_ids[start + i]
+        nxt = last_sampled[row] if num_sampled[req] > 0 else next_prefill[row]
+        want_ids[start + length - 1] = nxt
+        want_last[req] = start + length - 1
+        for i in range(length):
+            want_pos[start + i] = target_pos[start + i]
+        want_qsl[req] = start
+        want_lens[req] = seq_lens[req]
+    for i in range(3, max_reqs + 1):
+        want_qsl[i] = starts[3]
+    for i in range(3, max_reqs):
+        want_lens[i] = 0
+        want_last[i] = 0
+    return (
+        ids.tolist() == want_ids
+        and positions.tolist() == want_pos
+        and last.tolist() == want_last
+        and qsl.tolist() == want_qsl
+        and lens.tolist() == want_lens
+        and step.tolist() == [0]
+    )
+
+
+def check_spec_prepare_decode_inputs() -> bool:
+    from vllm.v1.worker.gpu.spec_decode.autoregressive.speculator import prepare_decode_inputs
+
+    drafts = torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33]], dtype=torch.int64)
+    target_lens, rejected = [9, 30, 4], [1, 0, 2]
+    max_model_len, max_reqs = 31, 5
+    buffers = types_ns(
+        input_ids=_full(8),
+        positions=torch.tensor([3, 29, 1, 0, 0, 0, 0, 0], dtype=torch.int64),
+        query_start_loc=_full(max_reqs + 1),
+        seq_lens=_full(max_reqs),
+    )
+    positions_before = buffers.positions.tolist()
+    prepare_decode_inputs(
+        drafts[:, 0],
+        torch.tensor(target_lens, dtype=torch.int32),
+        torch.tensor(rejected, dtype=torch.int32),
+        buffers,
+        max_model_len,
+        max_reqs,
+    )
+    want_ids, want_pos = [SENTINEL] * 8, list(positions_before)
+    want_lens = [0] * max_reqs
+    for req in range(3):
+        want_ids[req] = int(drafts[req, 0])
+        want_pos[req] = min(positions_before[req] + 1, max_model_len - 1)
+        want_lens[req] = min(target_lens[req] - rejected[req] + 1, max_model_len)
+    want_qsl = [min(i, 3) for i in range(max_reqs + 1)]
+    return (
+        buffers.input_ids.tolist() == want_ids
+        and buffers.positions.tolist() == want_pos
+        and buffers.seq_lens.tolist() == want_lens
+        and buffers.query_start_loc.tolist() == want_qsl
+    )
+
+
+def types_ns(**kwargs: Any) -> Any:
+    import types
+
+    return types.SimpleNamespace(**kwargs)
+
+
+def check_spec_update_draft_inputs(step: int = 1) -> bool:
+    from vllm.v1.worker.gpu.spec_decode.autoregressive.speculator import update_draft_inputs
+
+    n, k, hidden, max_model_len = 3, 3, 5, 10
+    sampled = torch.tensor([41, 42, 43], dtype=torch.int64)
+    out = torch.full((4, k), SENTINEL, dtype=torch.int64)
+    states = torch.arange(n * hidden, dtype=torch.float32).view(n, hidden) + 0.5
+    next_states = torch.full((4, hidden), float(SENTINEL))
+    buffers = types_ns(
+        input_ids=_full(4),
+        positions=torch.tensor([2, 9, 4, 0], dtype=torch.int64),
+        seq_lens=torch.tensor([3, 10, 5, 0], dtype=torch.int32),
+    )
+    before_pos, before_lens = buffers.positions.tolist(), buffers.seq_lens.tolist()
+    update_draft_inputs(
+        sampled,
+        torch.tensor([step], dtype=torch.int32),
+        states,
+        out,
+        next_states,
+        buffers,
+        n,
+        max_model_len,
+        k,
+    )
+    want_out = [[SENTINEL] * k for _ in range(4)]
+    want_ids, want_next = [SENTINEL] * 4, [[float(SENTINEL)] * hidden for _ in range(4)]
+    want_pos, want_lens = list(before_pos), list(before_lens)
+    for req in range(n):
+        want_out[req][step] = int(sampled[req])
+        if step >= k - 1:
+            continue
+        want_ids[req] = int(sampled[req])
+        want_next[req] = states[req].tolist()
+        want_pos[req] = min(before_pos[req] + 1, max_model_len - 1)
+        want_lens[req] = min(before_lens[req] + 1, max_model_len)
+    return (
+        out.tolist() == want_out
+        and buffers.input_ids.tolist() == want_ids
+        and next_states.tolist() == want_next
+        and buffers.positions.tolist() == want_pos
+        and buffers.seq_lens.tolist() == want_lens
+    )
+
+
+def _greedy_rejection_inputs() -> dict[str, Any]:
+    """Two requests, k = 2: logits rows 0-2 (request 0: drafts 7 then 9, bonus row 2), rows
+    3-5 (request 1). Target argmaxes: row 0 -> 7 (accept), row 1 -> 4 (reject 9), row 3 -> 5
+    (reject), row 2 / 5 bonus rows. Vocabulary 20 in blocks of 8 (the last partial)."""
+    vocab = 20
+    logits = torch.randn((6, vocab), generator=torch.Generator().manual_seed(3))
+    for row, token in ((0, 7), (1, 4), (2, 17), (3, 5), (4, 2), (5, 11)):
+        logits[row, token] = 9.0
+    draft_sampled = torch.tensor([0, 7, 9, 0, 6, 2], dtype=torch.int64)  # index logit + 1
+    return {
+        "vocab": vocab,
+        "logits": logits,
+        "draft_sampled": draft_sampled,
+        "cu": [0, 3, 6],
+        "local_pos": [0, 1, 2, 0, 1, 2],
+        "mapping": [1, 1, 1, 0, 0, 0],
+        "k": 2,
+    }
+
+
+def check_rejection_block_stats() -> bool:
+    # The kernel skips bonus rows; here only draft rows (the last program matters).
+    data = _greedy_rejection_inputs()
+    rows = [0, 1, 3, 4]
+    logits = data["logits"][rows]
+    block, blocks = 8, 3
+    argmax = torch.full((4, blocks), SENTINEL, dtype=torch.int64)
+    maxima = torch.full((4, blocks), float(SENTINEL))
+    spare = torch.zeros((4, blocks))
+    _stub(f"{REJECTION}._compute_block_stats_kernel")[(4, blocks)](
+        argmax, blocks, maxima, blocks, spare, blocks, spare, blocks, spare, blocks,
+        logits, logits.stride(0), logits.new_empty(1, 1, 1), 1, 1,
+        torch.tensor([1, 1, 0, 0], dtype=torch.int32),
+        torch.tensor([0, 1, 0, 1], dtype=torch.int32),
+        torch.zeros(2), data["vocab"], data["k"], BLOCK_SIZE=block, HAS_DRAFT_LOGITS=False,
+    )  # fmt: skip
+    want_argmax, want_max = [], []
+    for row in logits.tolist():
+        tokens, values = [], []
+        for b in range(blocks):
+            best = None
+            for t in range(b * block, min((b + 1) * block, data["vocab"])):
+                if best is None or row[t] > row[best]:
+                    best = t
+            tokens.append(best)
+            values.append(row[best])
+        want_argmax.append(tokens)
+        want_max.append(values)
+    return argmax.tolist() == want_argmax and maxima.tolist() == want_max
+
+
+def _target_argmax(row: list[float]) -> int:
+    best = 0
+    for t, value in enumerate(row):
+        if value > row[best]:
+            best = t
+    return best
+
+
+def check_rejection_rejection() -> bool:
+    data = _greedy_rejection_inputs()
+    logits, vocab, cu = data["logits"], data["vocab"], data["cu"]
+    block, blocks = 8, 3
+    local_max = torch.full((6, blocks), float("-inf"))
+    local_argmax = torch.zeros((6, blocks), dtype=torch.int64)
+    for row in range(6):  # the block stats' output, built here by hand
+        for b in range(blocks):
+            span = logits[row, b * block : min((b + 1) * block, vocab)]
+            local_max[row, b] = span.max()
+            local_argmax[row, b] = b * block + int(span.argmax())
+    sampled = torch.full((2, 3), SENTINEL, dtype=torch.int64)
+    accepted = _full(2)
+    lses = torch.full((2,), 5.0), torch.full((2,), 5.0)
+    spare = torch.zeros((6, blocks))
+    _stub(f"{REJECTION}._rejection_kernel")[(2,)](
+        sampled, 3, accepted, *lses, logits, vocab, local_argmax, blocks, local_max, blocks,
+        spare, blocks, data["draft_sampled"], logits.new_empty(1, 1, 1), 1, 1,
+        spare, blocks, spare, blocks, torch.tensor(cu, dtype=torch.int32),
+        torch.tensor([1, 0], dtype=torch.int32), torch.zeros(2), torch.zeros(2, dtype=torch.int64),
+        torch.zeros(6, dtype=torch.int64), None, blocks,
+        PADDED_VOCAB_NUM_BLOCKS=4, HAS_DRAFT_LOGITS=False, SYNTHETIC_MODE=False,
+    )  # fmt: skip
+    want_sampled = [[SENTINEL] * 3 for _ in range(2)]
+    want_accepted = []
+    for req in range(2):
+        count = 0
+        for i in range(cu[req + 1] - cu[req] - 1):
+            best = _target_argmax(logits[cu[req] + i].tolist())
+            draft = int(data["draft_sampled"][cu[req] + i + 1])
+            if draft == best:
+                want_sampled[req][i] = draft
+                count += 1
+            else:
+                want_sampled[req][i] = best
+                break
+        want_accepted.append(count)
+    return (
+        sampled.tolist() == want_sampled
+        and accepted.tolist() == want_accepted
+        and lses[0].tolist() == [0.0, 0.0]
+        and lses[1].tolist() == [0.0, 0.0]
+    )
+
+
+def check_rejection_resample() -> bool:
+    # Request 0 rejected (nothing to resample, greedy), request 1 accepted all: its bonus.
+    data = _greedy_rejection_inputs()
+    logits, vocab = data["logits"], data["vocab"]
+    blocks, block = 3, 8
+    argmax = torch.full((2, blocks), SENTINEL, dtype=torch.int64)
+    maxima = torch.full((2, blocks), float(SENTINEL))
+    accepted = [1, 2]
+    cu = data["cu"]
+    _stub(f"{REJECTION}._resample_kernel")[(2, blocks)](
+        argmax, blocks, maxima, blocks, logits, vocab, torch.zeros(2), logits.new_empty(1, 1, 1),
+        1, 1, torch.zeros(2), torch.tensor(accepted, dtype=torch.int32),
+        torch.tensor(cu, dtype=torch.int32), torch.tensor(data["mapping"], dtype=torch.int32),
+        data["draft_sampled"], torch.zeros(2), torch.zeros(2, dtype=torch.int64),
+        torch.zeros(6, dtype=torch.int64), vocab, BLOCK_SIZE=block, HAS_DRAFT_LOGITS=False,
+        USE_FP64=False,
+    )  # fmt: skip
+    want_argmax = [[SENTINEL] * blocks for _ in range(2)]
+    want_max = [[float(SENTINEL)] * blocks for _ in range(2)]
+    for req in range(2):
+        token = cu[req] + accepted[req]
+        if token != cu[req + 1] - 1:
+            continue  # greedy and rejected: the rejection kernel wrote its token
+        row = logits[token].tolist()
+        for b in range(blocks):
+            span = range(b * block, min((b + 1) * block, vocab))
+            best = max(span, key=lambda t: (row[t], -t))
+            want_argmax[req][b] = best
+            want_max[req][b] = row[best]
+    return argmax.tolist() == want_argmax and maxima.tolist() == want_max
+
+
+def check_rejection_insert_resampled() -> bool:
+    data = _greedy_rejection_inputs()
+    cu, blocks = data["cu"], 3
+    sampled = torch.full((2, 3), SENTINEL, dtype=torch.int64)
+    counts = [1, 2]
+    num_sampled = torch.tensor(counts, dtype=torch.int32)
+    local_argmax = torch.tensor([[1, 9, 17], [3, 12, 19]], dtype=torch.int64)
+    local_max = torch.tensor([[0.5, 2.0, 1.0], [0.1, 0.2, 3.0]])
+    _stub(f"{REJECTION}._insert_resampled_kernel")[(2,)](
+        sampled, 3, num_sampled, local_argmax, blocks, local_max, blocks, blocks,
+        torch.tensor(cu, dtype=torch.int32), torch.tensor(data["mapping"], dtype=torch.int32),
+        torch.zeros(2), PADDED_RESAMPLE_NUM_BLOCKS=4,
+    )  # fmt: skip
+    want_sampled = [[SENTINEL] * 3 for _ in range(2)]
+    for req in range(2):
+        token = cu[req] + counts[req]
+        if token == cu[req + 1] - 1:  # the bonus token: the best block's token
+            maxima = local_max[req].tolist()
+            best = maxima.index(max(maxima))
+            want_sampled[req][counts[req]] = int(local_argmax[req, best])
+    return sampled.tolist() == want_sampled and num_sampled.tolist() == [c + 1 for c in counts]
+
+
+SPEC_CHECKS: dict[str, Callable[[], bool]] = {
+    "vllm.v1.worker.gpu.input_batch._expand_idx_mapping_kernel": check_expand_idx_mapping,
+    f"{SPEC}._prepare_prefill_inputs_kernel": check_spec_prepare_prefill_inputs,
+    f"{SPEC}._prepare_decode_inputs_kernel": check_spec_prepare_decode_inputs,
+    f"{SPEC}._update_draft_inputs_kernel": check_spec_update_draft_inputs,
+    f"{REJECTION}._compute_block_stats_kernel": check_rejection_block_stats,
+    f"{REJECTION}._rejection_kernel": check_rejection_rejection,
+    f"{REJECTION}._resample_kernel": check_rejection_resample,
+    f"{REJECTION}._insert_resampled_kernel": check_rejection_insert_resampled,
+}
+
+
 CHECKS: dict[str, Callable[[], bool]] = {
     "vllm.v1.worker.gpu.buffer_utils._apply_write_kernel": check_apply_write,
     "vllm.v1.worker.gpu.input_batch._prepare_prefill_inputs_kernel": check_prepare_prefill_inputs,
@@ -370,8 +718,18 @@ CHECKS: dict[str, Callable[[], bool]] = {
 }
 
 
+CHECKS.update(SPEC_CHECKS)
+ALL_V2 = {**triton_refs.V2_REFERENCES, **triton_refs.V2_SPEC_REFERENCES}
+
+
 def test_every_v2_reference_has_a_check() -> None:
-    assert set(CHECKS) == set(triton_refs.V2_REFERENCES)
+    assert set(CHECKS) == set(ALL_V2)
+
+
+def test_update_draft_inputs_last_step_only_stores_the_token() -> None:
+    """The final draft step stores the sampled token and feeds nothing forward (the kernel's
+    early return, which the reference takes on the device with ``torch.where``)."""
+    assert check_spec_update_draft_inputs(step=2)
 
 
 @pytest.mark.parametrize("key", sorted(CHECKS))
