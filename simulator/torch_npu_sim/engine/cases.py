@@ -248,8 +248,8 @@ V2_OPTIONAL_CASES: tuple[Case, ...] = (
     # DeepSeek-V3 (MLA target graphs).
     _v2(Case("deepseek-v3/compile/decode-only", model="deepseek_v3")),
     # Gemma4 (sliding FIA layers and 512-dim global layers): on v1 the global layers capture PA
-    # and stock's update crashes on them; on v2 every layer captures FIA (cause not traced:
-    # docs/v2.md) and stock runs right.
+    # and stock's update crashes on them; on v2 every layer captures FIA (the release's dummy
+    # capture batch loses its DecodeOnly state: docs/v2.md) and stock runs right.
     _v2(Case("gemma4/compile/decode-only", model="gemma4", engine={"language_model_only": True})),
     # Qwen3 with its EAGLE3 draft: draft prefill graphs owned; the draft decode graph (upstream's
     # manager, never updated) refused, its stale replays lowering the acceptance in every graph
