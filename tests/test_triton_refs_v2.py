@@ -351,6 +351,32 @@ def check_gumbel_sample() -> bool:
     return torch.equal(sampled, want) and rows_written
 
 
+def check_topk_log_softmax() -> bool:
+    """vLLM's own torch path is the oracle: v1's sampler takes ``logits.log_softmax`` and
+    gathers (``Sampler.compute_logprobs``)."""
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.sample.logprob import compute_token_logprobs
+
+    logits = torch.randn((3, 2500), generator=torch.Generator().manual_seed(5)) * 4
+    ids = torch.tensor([[7, 2499, 0], [1024, 5, 5], [2048, 100, 1]], dtype=torch.int64)
+    got = compute_token_logprobs(logits, ids)
+    want = Sampler.compute_logprobs(logits).gather(1, ids)
+    return torch.allclose(got, want, rtol=0, atol=1e-5)
+
+
+def check_ranks() -> bool:
+    """vLLM's own torch path is the oracle: v1's ``batched_count_greater_than``."""
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+    from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
+
+    logits = torch.randn((4, 9000), generator=torch.Generator().manual_seed(6))
+    logits[2, 10:20] = 5.0  # ties count as at least the token's own
+    sampled = torch.tensor([3, 8999, 15, 4096], dtype=torch.int64)
+    got = compute_topk_logprobs(logits, 0, sampled).selected_token_ranks
+    want = batched_count_greater_than(logits, logits.gather(1, sampled.view(-1, 1)))
+    return got.tolist() == want.tolist()
+
+
 # --- speculative decoding (EAGLE / MTP on v2): the speculator's and the rejection sampler's ----
 
 
@@ -715,6 +741,8 @@ CHECKS: dict[str, Callable[[], bool]] = {
         check_ascend_compute_slot_mappings
     ),
     "vllm.v1.worker.gpu.sample.gumbel._gumbel_sample_kernel": check_gumbel_sample,
+    "vllm.v1.worker.gpu.sample.logprob._topk_log_softmax_kernel": check_topk_log_softmax,
+    "vllm.v1.worker.gpu.sample.logprob._ranks_kernel": check_ranks,
 }
 
 

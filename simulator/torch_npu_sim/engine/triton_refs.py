@@ -455,6 +455,41 @@ def gumbel_sample(
     ] = values.to(torch.float64 if USE_FP64 else torch.float32).to(local_max.dtype)
 
 
+def topk_log_softmax(
+    grid: tuple[int, ...],
+    output: torch.Tensor,
+    logits: torch.Tensor,
+    logits_stride: int,
+    topk_ids: torch.Tensor,
+    topk: int,
+    vocab_size: int,
+    **_constexprs: Any,
+) -> None:
+    """``sample/logprob._topk_log_softmax_kernel``: each row's log-softmax (float32) at its
+    ``topk`` token ids (the sampled token, then the top ones), without the full log-softmax."""
+    rows = logits[: grid[0], :vocab_size].to(torch.float32)
+    peak = rows.max(dim=-1, keepdim=True).values
+    lse = torch.log(torch.exp(rows - peak).sum(dim=-1, keepdim=True))
+    ids = _memory(topk_ids)[: grid[0] * topk].view(grid[0], topk).long()
+    values = rows.gather(1, ids) - peak - lse
+    _memory(output)[: grid[0] * topk] = values.reshape(-1).to(output.dtype)
+
+
+def ranks(
+    grid: tuple[int, ...],
+    output: torch.Tensor,
+    logits: torch.Tensor,
+    logits_stride: int,
+    token_ids: torch.Tensor,
+    vocab_size: int,
+    **_constexprs: Any,
+) -> None:
+    """``sample/logprob._ranks_kernel``: a token's rank, the number of logits at least its own."""
+    rows = logits[: grid[0], :vocab_size]
+    chosen = rows.gather(1, token_ids[: grid[0]].long().view(-1, 1))
+    output[: grid[0]] = (rows >= chosen).sum(dim=-1).to(output.dtype)
+
+
 #: The v2 references by kernel (``KernelStub.key``).
 V2_REFERENCES: dict[str, Reference] = {
     "vllm.v1.worker.gpu.buffer_utils._apply_write_kernel": apply_write,
@@ -472,6 +507,9 @@ V2_REFERENCES: dict[str, Reference] = {
         ascend_compute_slot_mappings
     ),
     "vllm.v1.worker.gpu.sample.gumbel._gumbel_sample_kernel": gumbel_sample,
+    # logprobs (``ab`` asks one per token to compare the arms' logits)
+    "vllm.v1.worker.gpu.sample.logprob._topk_log_softmax_kernel": topk_log_softmax,
+    "vllm.v1.worker.gpu.sample.logprob._ranks_kernel": ranks,
 }
 
 # --------------------------------------------------------------------------------------------
