@@ -37,7 +37,7 @@ def _last_program_dropped(reference: Callable[..., None]) -> Callable[..., None]
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, key: str, broken: bool) -> None:
-    reference = {**triton_refs.V2_REFERENCES, **triton_refs.V2_SPEC_REFERENCES}[key]
+    reference = ALL_V2[key]
     if broken:
         reference = _last_program_dropped(reference)
     monkeypatch.setitem(triton_refs.REFERENCES, key, reference)
@@ -747,7 +747,11 @@ CHECKS: dict[str, Callable[[], bool]] = {
 
 
 CHECKS.update(SPEC_CHECKS)
-ALL_V2 = {**triton_refs.V2_REFERENCES, **triton_refs.V2_SPEC_REFERENCES}
+ALL_V2 = {
+    **triton_refs.V2_REFERENCES,
+    **triton_refs.V2_LOGPROB_REFERENCES,
+    **triton_refs.V2_SPEC_REFERENCES,
+}
 
 
 def test_every_v2_reference_has_a_check() -> None:

@@ -490,7 +490,7 @@ def ranks(
     output[: grid[0]] = (rows >= chosen).sum(dim=-1).to(output.dtype)
 
 
-#: The v2 references by kernel (``KernelStub.key``).
+#: The v2 references by kernel (``KernelStub.key``): what a greedy decode launches.
 V2_REFERENCES: dict[str, Reference] = {
     "vllm.v1.worker.gpu.buffer_utils._apply_write_kernel": apply_write,
     "vllm.v1.worker.gpu.input_batch._prepare_prefill_inputs_kernel": prepare_prefill_inputs,
@@ -507,7 +507,9 @@ V2_REFERENCES: dict[str, Reference] = {
         ascend_compute_slot_mappings
     ),
     "vllm.v1.worker.gpu.sample.gumbel._gumbel_sample_kernel": gumbel_sample,
-    # logprobs (``ab`` asks one per token to compare the arms' logits)
+}
+#: Logprobs (a request asking for them: ``ab``'s worker asks one per token).
+V2_LOGPROB_REFERENCES: dict[str, Reference] = {
     "vllm.v1.worker.gpu.sample.logprob._topk_log_softmax_kernel": topk_log_softmax,
     "vllm.v1.worker.gpu.sample.logprob._ranks_kernel": ranks,
 }
@@ -899,6 +901,7 @@ V2_SPEC_REFERENCES: dict[str, Reference] = {
 REFERENCES: dict[str, Reference] = {
     "vllm.v1.worker.block_table._compute_slot_mapping_kernel": compute_slot_mapping,
     **V2_REFERENCES,
+    **V2_LOGPROB_REFERENCES,
     **V2_SPEC_REFERENCES,
 }
 
