@@ -120,6 +120,32 @@ def _triton_references(module: Any) -> None:
     triton_refs.install(module)
 
 
+@functools.cache
+def _host_memory_mode() -> type:
+    """A torch function mode (this thread, this call only) that allocates ``device="npu"`` on
+    the host (the simulated device's memory) and never pins."""
+    from torch.overrides import TorchFunctionMode
+
+    class HostMemory(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            if _is_npu(kwargs.get("device")):
+                kwargs = {**kwargs, "device": "cpu"}
+            return func(*args, **kwargs)
+
+    return HostMemory
+
+
+def _is_npu(device: Any) -> bool:
+    import torch
+
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "npu"
+
+
 # --------------------------------------------------------------------------------------------
 # MLA chunked prefill beside decodes (issue 33, item 6): the context chunks' host buffers
 
@@ -132,8 +158,9 @@ CONTEXT_CHUNK_STEPS: dict[str, int] = {"with_context": 0, "beside_decodes": 0}
 
 def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run ``call`` with factory functions' ``pin_memory=True`` dropped (``Tensor.pin_memory()``
-    is already the identity: ``_install_impl._pin_memory_shim``); count what it built."""
-    with _no_pinning_mode()():
+    is already the identity: ``_install_impl._pin_memory_shim``; the host-memory mode below);
+    count what it built."""
+    with _host_memory_mode()():
         result = call(*args, **kwargs)
     if result is not None:
         # hooks.wrap binds the builder as functools.partial(method, builder)
@@ -141,23 +168,6 @@ def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         CONTEXT_CHUNK_STEPS["with_context"] += 1
         CONTEXT_CHUNK_STEPS["beside_decodes"] += getattr(builder, "num_decodes", 0) > 0
     return result
-
-
-@functools.cache
-def _no_pinning_mode() -> type:
-    """A torch function mode (this thread, this call only) that allocates unpinned."""
-    from torch.overrides import TorchFunctionMode
-
-    class NoPinning(TorchFunctionMode):
-        def __torch_function__(
-            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if kwargs.get("pin_memory"):
-                kwargs = {**kwargs, "pin_memory": False}
-            return func(*args, **kwargs)
-
-    return NoPinning
 
 
 MLA_CHUNKED_PREFILL_SHIMS: tuple[Shim, ...] = (
@@ -189,32 +199,6 @@ def _triton_for_v2(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         return call(*args, **kwargs)
     finally:
         module.HAS_TRITON = False
-
-
-@functools.cache
-def _host_memory_mode() -> type:
-    """A torch function mode (this thread, this call only) that allocates ``device="npu"`` on
-    the host (the simulated device's memory) and never pins."""
-    from torch.overrides import TorchFunctionMode
-
-    class HostMemory(TorchFunctionMode):
-        def __torch_function__(
-            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if kwargs.get("pin_memory"):
-                kwargs = {**kwargs, "pin_memory": False}
-            if _is_npu(kwargs.get("device")):
-                kwargs = {**kwargs, "device": "cpu"}
-            return func(*args, **kwargs)
-
-    return HostMemory
-
-
-def _is_npu(device: Any) -> bool:
-    import torch
-
-    return isinstance(device, (str, torch.device)) and torch.device(device).type == "npu"
 
 
 def _on_host(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
