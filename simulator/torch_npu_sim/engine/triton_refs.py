@@ -428,7 +428,9 @@ def gumbel_sample(
     """``sample/gumbel._gumbel_sample_kernel``, greedy requests only (temperature 0: no Gumbel
     noise, no temperature): per vocabulary block, the largest logit (float32) and its index.
     A request with a temperature raises: its noise comes from Triton's Philox stream, which this
-    reference does not reproduce."""
+    reference does not reproduce. It reads device values on the host, so it is right only where
+    it is launched outside a graph: the samplers' launches here (the EAGLE draft's greedy
+    sampling inside the draft graphs is ``argmax``, not this kernel)."""
     num_tokens, num_blocks = grid
     reqs = expanded_idx_mapping[:num_tokens].long()
     if bool((temp[reqs] != 0).any()):
