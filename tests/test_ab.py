@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_graph_patch.ab import command, compare, orchestrate, report
+from ascend_graph_patch.ab import command, compare, model_runner, orchestrate, report
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
 FAKE_WORKER = textwrap.dedent('''
@@ -577,3 +577,61 @@ def test_model_path_end_to_end_on_the_simulator(tmp_path: Path, monkeypatch, cap
     assert len(patched["cases"][0]["tokens"][0]) == 3
     paths = report.write(cfg, summary, runs)
     assert json.loads(paths["json"].read_text())["exit_code"] == 0
+
+
+# --- --model-runner v2: the A/B on model runner v2 by the simulator's opt-in repairs ----------
+
+
+def test_model_runner_v2_sets_the_variable_and_the_repairs_in_every_arm(tmp_path: Path) -> None:
+    """``--model-runner v2`` (vLLM's ``--runner`` is the runner type, hence the name): every
+    arm's environment gets the variable and the simulator's repair by name, and the report says
+    so: opt-in, unsupported by the release, which repairs. The default (v1) adds nothing."""
+    from torch_npu_sim.engine import cases, repairs
+
+    cfg = command.build_config(
+        _args("--model", "org/m", "--model-runner", "v2", "--out", str(tmp_path))
+    )
+    assert cfg.simulate is True and cfg.model_runner == "v2"
+    run = orchestrate.plan_runs(cfg)[0]
+    env = orchestrate.arm_env({}, cfg, run)
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    # the names the overlay passes are the simulator's own (it never imports them)
+    assert env[repairs.ENV_VAR] == cases.V2_REPAIR
+    line = model_runner.report_line(cfg.model_runner)
+    assert line and all(
+        part in line
+        for part in ("model runner v2", "unsupported by vllm-ascend", "v2-model-runner")
+    )
+    summary = compare.Summary(
+        verdict=compare.PASS,
+        exit_code=0,
+        cases=[],
+        runs=[],
+        ratio=None,
+        noise=None,
+        speed="-",
+        problems=[],
+    )
+    assert line in report.text_table(cfg, summary).splitlines()[1]
+    assert f"Model runner: {line}." in report.markdown(cfg, summary, None)
+    assert report.config_json(cfg)["model_runner"] == "v2"
+    # the default: the release's own runner, nothing added, no line
+    plain = command.build_config(_args("--model", "org/m", "--out", str(tmp_path)))
+    plain_env = orchestrate.arm_env({}, plain, orchestrate.plan_runs(plain)[0])
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in plain_env and repairs.ENV_VAR not in plain_env
+    assert "model runner" not in report.text_table(plain, summary)
+
+
+def test_model_runner_v2_is_refused_where_no_repair_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On an Ascend host (not the simulator) the release cannot run v2 and no repair exists;
+    without --model the engine cases name their runner themselves."""
+    monkeypatch.setenv("TORCH_NPU_SIM", "0")
+    assert command.run(_args("--model", "org/m", "--model-runner", "v2")) == 2
+    assert "needs the simulator's opt-in repairs" in capsys.readouterr().err
+    monkeypatch.setenv("TORCH_NPU_SIM", "1")
+    assert command.run(_args("--model-runner", "v2", "--scenarios", "x")) == 2
+    assert "selects the runner of --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _args("--model", "org/m", "--model-runner", "v3")

@@ -480,3 +480,41 @@ def test_stale_check_switched_off_replays_stocks_wrong_tokens(results: dict[str,
     stale = len(case.capture_sizes)
     assert counters.get("graphs.stale") == stale and counters.get("graphs.refused") == stale
     assert not counters.get("graphs.owned") and not counters.get("updates.owned"), counters
+
+
+# --- model runner v2 by the opt-in repairs (torch_npu_sim.engine.repairs: v2-model-runner) -----
+
+V2_RUNNER = "vllm_ascend.worker.v2.model_runner.NPUModelRunner"
+V1_RUNNER = "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
+
+
+def _runner_class(record: dict[str, Any]) -> str | None:
+    return report.runner(record).get("runner")
+
+
+def test_v2_case_runs_the_v2_runner_and_its_eager_equals_v1s(results: dict[str, Any]) -> None:
+    """With the repair named, every arm of the v2 case ran the release's own v2 runner (its
+    class, read in the runner's process), launched exactly the Triton kernels the simulator has
+    v2 references for, and the v2 eager reference gives v1 eager's tokens. The contrast, which
+    the same checks would fail on: the v1 case and the stale case (the variable set without the
+    repair: the release's fallback) ran the v1 runner, with none of those kernels."""
+    from torch_npu_sim.engine import triton_refs
+
+    v2, v1 = cases.V2_QWEN3, cases.CASES[0]
+    eager = _arm(results, "eager")
+    assert eager[v2.reference]["tokens"] == eager[v1.reference]["tokens"]
+    bad = []
+    for arm in ("eager", *GRAPH_ARMS, "control"):
+        records = _arm(results, arm)
+        for case, want in ((v2, V2_RUNNER), (v1, V1_RUNNER)):
+            record = records[case.reference if arm == "eager" else case.name]
+            launched = set(report.runner(record).get("triton_launches") or {})
+            kernels = set(triton_refs.V2_REFERENCES) if want == V2_RUNNER else set()
+            if _runner_class(record) != want or launched & set(triton_refs.V2_REFERENCES) != (
+                kernels
+            ):
+                bad.append(f"{case.name} | {arm} | {_runner_class(record)}, launched {launched}")
+    stale = _arm(results, "stock")[cases.STALE_CASE.name]
+    if _runner_class(stale) != V1_RUNNER:
+        bad.append(f"{cases.STALE_CASE.name} | stock | {_runner_class(stale)}")
+    assert not bad, _failures(bad)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ascend_graph_patch import argtypes
-from ascend_graph_patch.ab import served
+from ascend_graph_patch.ab import model_runner, served
 
 HELP = "A/B the overlay against stock replay (fresh process per arm, ABBA); writes a report"
 
@@ -138,6 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=64,
         help="tokens generated per prompt with --model (default: 64)",
     )
+    parser.add_argument(
+        "--model-runner",
+        choices=model_runner.CHOICES,
+        default="v1",
+        help="with --model: vLLM's model runner (default: %(default)s). v2 sets "
+        "VLLM_USE_V2_MODEL_RUNNER=1 in every arm and, on the simulator only, the opt-in repairs "
+        "that make vllm-ascend 0.23.0.post1 run it (the release does not: see docs/v2.md)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
         "--json", action="store_true", help="print report.json instead of the table"
@@ -239,6 +247,11 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         eager_atol=args.eager_atol,
         progress=not args.no_progress,
     )
+    if args.model_runner != "v1" and (served.given(args) or not args.model):
+        raise UsageError(
+            "--model-runner selects the runner of --model (offline); the simulator's engine "
+            "cases name theirs (the */v2 cases, see --list)"
+        )
     if served.given(args):
         try:
             prompts = read_prompts(args.prompts) if args.prompts and args.serve else None
@@ -262,6 +275,10 @@ def build_config(args: argparse.Namespace):  # -> ABConfig (import kept lazy)
         cfg.eager = args.eager
         cfg.simulate = simulated()
         cfg.jobs = args.jobs or 1
+        if args.model_runner == "v2" and not cfg.simulate:
+            raise UsageError(model_runner.REFUSED_ON_HARDWARE)
+        cfg.model_runner = args.model_runner
+        cfg.extra_env.update(model_runner.environment(args.model_runner))
     else:
         if args.prompts or engine_args:
             raise UsageError("--prompts and engine args need --model")

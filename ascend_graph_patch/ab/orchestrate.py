@@ -100,6 +100,8 @@ class ABConfig:
     prompts: list[str | list[int]] | None = None
     max_tokens: int = 64
     engine_args: list[str] = field(default_factory=list)
+    #: vLLM's model runner of a ``--model`` run (``ab.model_runner``): v1, or v2 by repairs.
+    model_runner: str = "v1"
     worker_cmd: list[str] | None = None  # override (tests: a fake worker)
     progress: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)

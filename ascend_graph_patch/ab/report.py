@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascend_graph_patch.ab import engine_args, serve_report
+from ascend_graph_patch.ab import engine_args, model_runner, serve_report
 from ascend_graph_patch.ab.compare import PASS_KNOWN, PASS_WRONG, PASSES, CaseResult, Summary
 from ascend_graph_patch.ab.orchestrate import ABConfig
 
@@ -232,6 +232,9 @@ def _text_table(cols: list[str], body: list[list[str]]) -> list[str]:
 def text_table(cfg: ABConfig, summary: Summary) -> str:
     arms = arms_shown(cfg, summary)
     out = [title(cfg)]
+    runner = model_runner.report_line(cfg.model_runner)
+    if runner:
+        out.append(runner)
     out.append(
         "arms: "
         + ", ".join(f"{r['arm']}({r['status']}, {r['seconds']:.0f}s)" for r in summary.runs)
@@ -272,6 +275,9 @@ def _md_table(cols: list[str], body: list[list[str]]) -> list[str]:
 def markdown(cfg: ABConfig, summary: Summary, plot_name: str | None) -> str:
     arms = arms_shown(cfg, summary)
     md = [f"# {title(cfg)}", "", f"**{verdict_line(summary)}**", ""]
+    runner = model_runner.report_line(cfg.model_runner)
+    if runner:
+        md += [f"Model runner: {runner}.", ""]
     if summary.problems:
         md += ["## Problems", ""] + [f"- {p}" for p in summary.problems] + [""]
     md += ["## Correctness", ""] + _md_table(columns(arms), rows(summary, arms))
@@ -358,6 +364,7 @@ def config_json(cfg: ABConfig) -> dict[str, Any]:
         "model": cfg.model,
         "max_tokens": cfg.max_tokens,
         "engine_args": cfg.engine_args,
+        "model_runner": cfg.model_runner,
         "prompts": len(cfg.prompts) if cfg.prompts else None,
     }
 

@@ -270,10 +270,14 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
     the simulator's runtime counters there, and that process's pid and distributed rank."""
     from .. import runtime
     from .shims import CONTEXT_CHUNK_STEPS
+    from .triton_refs import LAUNCHES
 
+    runner = getattr(worker, "model_runner", None)
     return {
         "pid": os.getpid(),
         "rank": _rank(),
+        "runner": None if runner is None else f"{type(runner).__module__}.{type(runner).__name__}",
+        "triton_launches": dict(LAUNCHES),
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
         "races": runtime.race_report(),

@@ -104,6 +104,8 @@ class Case:
             parts.append(f"chunked{self.chunk_tokens}")
         if self.dtype != "float32":
             parts.append(self.dtype)
+        if V2_REPAIR in self.repairs:  # another runner: its own eager reference
+            parts.append("v2")
         return "+".join(parts)
 
     def eager(self) -> Case:
@@ -222,6 +224,48 @@ CONTROL_ONLY_CASES: tuple[Case, ...] = (STALE_REPLAY_CASE,)
 
 # --- end of stale graphs ----------------------------------------------------------------------
 
+# --- model runner v2 on the real engine, by opt-in repairs (repairs.py: v2-model-runner) --------
+
+#: The repair that runs the release's own v2 runner on vLLM 0.23.0 (which it does not support).
+V2_REPAIR = "v2-model-runner"
+
+
+def _v2(case: Case, **changes: Any) -> Case:
+    """``case`` on model runner v2: the variable set in its process and the repair named."""
+    return dataclasses.replace(
+        case,
+        name=f"{case.name}/v2",
+        environment={**case.environment, **V2_FLAG},
+        repairs=(*case.repairs, V2_REPAIR),
+        **{"stock": "ok", **changes},
+    )
+
+
+#: Qwen3 (FIA) on v2, FULL_DECODE_ONLY sizes 1, 2, 4 (the seed's MRV2 FIA row): in the suite.
+V2_QWEN3 = _v2(_qwen3("qwen3/compile/decode-only"))
+#: The other v2 cases (``OPTIONAL_CASES``: run by name, results in docs/v2.md).
+V2_OPTIONAL_CASES: tuple[Case, ...] = (
+    # DeepSeek-V3 (MLA target graphs).
+    _v2(Case("deepseek-v3/compile/decode-only", model="deepseek_v3")),
+    # Gemma4 (sliding FIA layers and 512-dim global layers): on v1 the global layers capture PA
+    # and stock's update crashes on them; on v2 every layer captures FIA (the release's dummy
+    # capture batch loses its DecodeOnly state: docs/v2.md) and stock runs right.
+    _v2(Case("gemma4/compile/decode-only", model="gemma4", engine={"language_model_only": True})),
+    # Qwen3 with its EAGLE3 draft: draft prefill graphs owned; the draft decode graph (upstream's
+    # manager, never updated) refused, its stale replays lowering the acceptance in every graph
+    # arm (tokens equal: speculative decoding is lossless).
+    _v2(
+        _qwen3(
+            "qwen3+eagle3/compile/decode-only",
+            draft="qwen3_eagle3",
+            num_speculative_tokens=2,
+            capture_sizes=(3, 6, 12),
+        )
+    ),
+)
+
+# --- end of model runner v2 -------------------------------------------------------------------
+
 
 #: The engine tests' graph cases (every graph arm runs all of them).
 CASES: tuple[Case, ...] = (
@@ -298,6 +342,8 @@ CASES: tuple[Case, ...] = (
     # VLLM_USE_V2_MODEL_RUNNER set: stock's graphs are stale (wrong tokens), the overlay refuses
     # to start with them (the stale-graph block below)
     STALE_CASE,
+    # The same variable with the v2-model-runner repair: the release's own v2 runner runs.
+    V2_QWEN3,
 )
 
 
@@ -310,6 +356,7 @@ CONTROL_CASES: tuple[str, ...] = (
     "deepseek-v3/compile/decode-only",
     "deepseek-v3+mtp/k2/compile/decode-only",
     "deepseek-v3/chunked-prefill/compile/decode-only",
+    V2_QWEN3.name,
 )
 
 
@@ -355,6 +402,7 @@ CONTROL_CASES = (*CONTROL_CASES, "qwen3.5+mtp/k1/compile/decode-only")
 #: Engine cases outside the engine tests' arms (they would cost the suite minutes), run by
 #: ``ab --scenarios NAME`` and ``python -m torch_npu_sim.engine.arms --cases NAME``.
 OPTIONAL_CASES: tuple[Case, ...] = (
+    *V2_OPTIONAL_CASES,
     # Qwen3.5 with two speculative tokens: the one MTP layer drafts twice per step (the draft's
     # second step replays the drafter's own FULL graph with the first step's output).
     _mtp(

@@ -120,6 +120,32 @@ def _triton_references(module: Any) -> None:
     triton_refs.install(module)
 
 
+@functools.cache
+def _host_memory_mode() -> type:
+    """A torch function mode (this thread, this call only) that allocates ``device="npu"`` on
+    the host (the simulated device's memory) and never pins."""
+    from torch.overrides import TorchFunctionMode
+
+    class HostMemory(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            if _is_npu(kwargs.get("device")):
+                kwargs = {**kwargs, "device": "cpu"}
+            return func(*args, **kwargs)
+
+    return HostMemory
+
+
+def _is_npu(device: Any) -> bool:
+    import torch
+
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "npu"
+
+
 # --------------------------------------------------------------------------------------------
 # MLA chunked prefill beside decodes (issue 33, item 6): the context chunks' host buffers
 
@@ -132,8 +158,9 @@ CONTEXT_CHUNK_STEPS: dict[str, int] = {"with_context": 0, "beside_decodes": 0}
 
 def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run ``call`` with factory functions' ``pin_memory=True`` dropped (``Tensor.pin_memory()``
-    is already the identity: ``_install_impl._pin_memory_shim``); count what it built."""
-    with _no_pinning_mode()():
+    is already the identity: ``_install_impl._pin_memory_shim``; the host-memory mode below);
+    count what it built."""
+    with _host_memory_mode()():
         result = call(*args, **kwargs)
     if result is not None:
         # hooks.wrap binds the builder as functools.partial(method, builder)
@@ -141,23 +168,6 @@ def _unpinned(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         CONTEXT_CHUNK_STEPS["with_context"] += 1
         CONTEXT_CHUNK_STEPS["beside_decodes"] += getattr(builder, "num_decodes", 0) > 0
     return result
-
-
-@functools.cache
-def _no_pinning_mode() -> type:
-    """A torch function mode (this thread, this call only) that allocates unpinned."""
-    from torch.overrides import TorchFunctionMode
-
-    class NoPinning(TorchFunctionMode):
-        def __torch_function__(
-            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
-        ) -> Any:
-            kwargs = kwargs or {}
-            if kwargs.get("pin_memory"):
-                kwargs = {**kwargs, "pin_memory": False}
-            return func(*args, **kwargs)
-
-    return NoPinning
 
 
 MLA_CHUNKED_PREFILL_SHIMS: tuple[Shim, ...] = (
@@ -191,6 +201,42 @@ def _triton_for_v2(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         module.HAS_TRITON = False
 
 
+def _on_host(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with _host_memory_mode()():
+        return call(*args, **kwargs)
+
+
+def _uva_buffers_on_host(module: Any) -> None:
+    """vllm-ascend's ``UvaBufferWrapper`` (``patch_v2/patch_uva.py``): its constructor pins a
+    host tensor and allocates its device copy with ``device="npu"``, and its ``uva`` property
+    copies dirty rows ``.to(device="npu")``; both run with the host-memory mode."""
+    owner = module.UvaBufferWrapper
+    hooks.wrap(module, "UvaBufferWrapper.__init__", _on_host)
+    prop = owner.__dict__["uva"]
+    if getattr(prop.fget, hooks.MARK, False):
+        return
+
+    def uva(self: Any) -> Any:
+        with _host_memory_mode()():
+            return prop.fget(self)
+
+    functools.update_wrapper(uva, prop.fget)
+    setattr(uva, hooks.MARK, True)
+    owner.uva = property(uva)
+
+
+def _pointed(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """v2's block tables put tensors' ``data_ptr()`` in pointer tables; a device kernel
+    dereferences them (Triton's ``_load_ptr``), a torch reference finds each tensor by its
+    address (``triton_refs.POINTED``)."""
+    from . import triton_refs
+
+    tensors = list(args[0] if args else kwargs.pop("x"))
+    for tensor in tensors:
+        triton_refs.POINTED[tensor.data_ptr()] = tensor
+    return call(tensors, *args[1:], **kwargs)
+
+
 V2_RUNNER_SHIMS: tuple[Shim, ...] = (
     Shim(
         "vllm.config.vllm",
@@ -198,6 +244,43 @@ V2_RUNNER_SHIMS: tuple[Shim, ...] = (
         _triton_for_v2,
         "with VLLM_USE_V2_MODEL_RUNNER set, vLLM requires Triton, which triton-ascend provides on "
         "a device; here no Triton is installed (the kernels run as torch references)",
+    ),
+    # The rest acts only where the v2 runner runs (the ``v2-model-runner`` repair, repairs.py).
+    Shim(
+        "vllm_ascend.patch.worker.patch_v2.patch_uva",
+        "",
+        _uva_buffers_on_host,
+        'torch_npu pins host memory and allocates device="npu"; CPU torch can do neither '
+        "without an accelerator (the simulated device is CPU memory)",
+    ),
+    Shim(
+        "vllm_ascend.worker.v2.model_runner",
+        "NPUModelRunner.__init__",
+        _on_host,
+        "torch_npu pins host memory (the v2 runner's num_computed_tokens_cpu is allocated "
+        "pinned); CPU torch cannot pin without an accelerator",
+    ),
+    Shim(
+        "vllm.v1.worker.gpu.buffer_utils",
+        "StagedWriteTensor.apply_write",
+        _on_host,
+        "torch_npu pins host memory (async_tensor_h2d's pin_memory default was decided when "
+        "vllm.utils.torch_utils was imported); CPU torch cannot pin without an accelerator",
+    ),
+    Shim(
+        "vllm.v1.worker.gpu.model_runner",
+        "GPUModelRunner.load_model",
+        _custom_ops_probed,
+        "vllm_ascend_C (built with CANN) imports on hardware; here the import fails, and dynamo "
+        "cannot trace enable_custom_op()'s failing first import: the v2 runner's probe, as the "
+        "v1 runner's",
+    ),
+    Shim(
+        "vllm.v1.worker.gpu.block_table",
+        "BlockTables._make_ptr_tensor",
+        _pointed,
+        "a device kernel dereferences the block tables' addresses (Triton's _load_ptr); a torch "
+        "reference finds the tensor by its address",
     ),
 )
 
