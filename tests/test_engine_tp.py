@@ -10,7 +10,7 @@ that change every step. Then:
 - in every rank's worker process (read by ``collective_rpc``), the overlay owned every graph the
   simulated device captured, made (or, in verify, checked) every update, and applied every task
   update; each worker also wrote its status file under its pid and rank;
-- verify finds no mismatch on any rank;
+- verify finds no mismatch on any rank, and no rank has a happens-before race;
 - the negative control (every relaunch skipped) gives other tokens: the comparison can fail;
 - a relaunch raising on rank 1 only: the overlay raises it as stock would, records it in the rank's
   status file and ends that worker, so vLLM fails the job at once (fork and spawn; the collective
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from ascend_graph_patch import status_files
-from torch_npu_sim.engine import rank_fault, tp
+from torch_npu_sim.engine import race_table, rank_fault, tp
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -77,6 +77,23 @@ def test_tp2_graph_arm_tokens_equal_eager_tp1(results: dict[str, Any], arm: str)
             bad.append(f"{case.name}: tokens {record['tokens']} != eager TP=1 {reference}")
         elif len(tp.ranks(record)) != 2:
             bad.append(f"{case.name}: figures from {len(tp.ranks(record))} workers, not 2")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_rank_has_a_race(results: dict[str, Any]) -> None:
+    """The happens-before race detector (on in every arm, ``engine.race_table``), per rank: no
+    task update, run or event record a device could reorder, fork with async scheduling and
+    spawn alike (its negative control on the engine: ``test_engine``'s no-barrier case)."""
+    bad = []
+    for arm in GRAPH_ARMS:
+        for case in tp.graph_cases(arm):
+            record = _cases(results, arm).get(case.name) or {}
+            if record.get("error"):
+                continue  # covered by the tokens test
+            for row in tp.ranks(record):
+                found = race_table.races({"runners": [row]})
+                if found is None or any(found.values()):
+                    bad.append(f"{arm} | {case.name} | rank {row.get('rank')}: races {found}")
     assert not bad, "\n".join(bad)
 
 

@@ -335,3 +335,21 @@ def test_the_barrier_switch_removes_only_the_wrappers_sync(detector: Any, where:
         assert skipped == 3 and _races(detector) == {"update": 2, "run": 0, "record": 2}
     else:
         assert skipped == 0 and _races(detector) == {"update": 0, "run": 0, "record": 0}
+
+
+def test_a_graph_captured_again_after_reset_is_analysed_with_its_new_tasks(detector: Any) -> None:
+    """``NPUGraph.reset`` then a new capture (new events, new task groups): the detector's view
+    of the graph's replay is rebuilt, so the barrier-ordered steps stay clean."""
+    step = Step(detector)
+    step.run(2, _barrier)
+    step.graph.reset()
+    step.event = npu.ExternalEvent()
+    with npu.graph(step.graph):
+        s = npu.current_stream()
+        step.event.wait(s)
+        step.event.reset(s)
+        npu.graph_task_group_begin(s)
+        step.op(step.a, scale=1.0, out=step.out)
+        step.handle = npu.graph_task_group_end(s)
+    step.run(3, _barrier)
+    assert _races(detector) == {"update": 0, "run": 0, "record": 0}

@@ -167,7 +167,8 @@ class Detector:
         )
         self._markers: weakref.WeakKeyDictionary[Any, _Marker] = weakref.WeakKeyDictionary()
         self._tasks: dict[int, _TaskClock] = {}
-        self._templates: weakref.WeakKeyDictionary[Any, tuple[int, list[tuple[str, Any]]]] = (
+        # per graph, its replay's items (gate, reset, run), until the graph is reset
+        self._templates: weakref.WeakKeyDictionary[Any, list[tuple[str, Any]]] = (
             weakref.WeakKeyDictionary()
         )
         self._actors = itertools.count(1)
@@ -226,11 +227,14 @@ class Detector:
         items = [_Item(kind, obj, launch, where) for kind, obj in template]
         self._launch(self._stream(stream), items)
 
+    def forget(self, graph: Any) -> None:
+        """``graph`` was reset: a later capture gives it other tasks and events."""
+        self._templates.pop(graph, None)
+
     def _template(self, graph: Any, tasks: list[Any], groups: dict[int, list]) -> list:
         cached = self._templates.get(graph)
-        key = len(tasks) * 1_000_003 + len(groups)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        if cached is not None:
+            return cached
         op_task: dict[int, int] = {}
         for handle, group in groups.items():
             ops = [t for t in group if getattr(t, "sim", False)]
@@ -246,7 +250,7 @@ class Detector:
                 template.append(("reset", self._external(task.event)))
             elif id(task) in op_task:
                 template.append(("run", self._task(op_task[id(task)], graph_id)))
-        self._templates[graph] = (key, template)
+        self._templates[graph] = template
         return template
 
     def gate(self, stream: Any, event: Any) -> None:

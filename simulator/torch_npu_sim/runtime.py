@@ -936,6 +936,8 @@ class NPUGraph:
 
     @_locked
     def reset(self) -> None:
+        if _S.hb is not None:
+            _S.hb.forget(self)
         self._tasks.clear()
         self._reserved.clear()
         for gid in self._groups:
