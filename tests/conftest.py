@@ -87,3 +87,15 @@ def rt() -> Iterator[Any]:
     runtime.reset()
     yield runtime
     runtime.reset()
+
+
+@pytest.fixture
+def detector(rt: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The runtime with the happens-before race detector counting (fresh state)."""
+    from torch_npu_sim import happens_before
+
+    monkeypatch.setenv(happens_before.ENV_VAR, "count")
+    rt.reset()
+    yield rt
+    monkeypatch.delenv(happens_before.ENV_VAR)
+    rt.reset()

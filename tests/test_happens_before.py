@@ -8,71 +8,17 @@ control: the same program with one wait removed, where the detector must fire.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from tests.decode_step import Step, scale_out
 from torch_npu_sim import happens_before as hb
 from torch_npu_sim import runtime
 from torch_npu_sim.runtime import SimulatorError
 
 npu = runtime
-
-
-def _scale_out(a: torch.Tensor, *, scale: float, out: torch.Tensor) -> torch.Tensor:
-    out.copy_(a * scale)
-    return out
-
-
-@pytest.fixture
-def detector(rt: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The runtime with the detector counting (fresh state)."""
-    monkeypatch.setenv(hb.ENV_VAR, "count")
-    rt.reset()
-    yield rt
-    monkeypatch.delenv(hb.ENV_VAR)
-    rt.reset()
-
-
-class Step:
-    """Stock's decode step: a captured graph (gate, reset, task group), an update stream."""
-
-    def __init__(self, rt: Any) -> None:
-        self.rt = rt
-        self.op = rt.make_op("toy_scale", _scale_out)
-        self.a, self.out = torch.ones(2), torch.zeros(2)
-        self.graph = npu.NPUGraph()
-        self.event = npu.ExternalEvent()
-        with npu.graph(self.graph):
-            s = npu.current_stream()
-            self.event.wait(s)
-            self.event.reset(s)
-            npu.graph_task_group_begin(s)
-            self.op(self.a, scale=1.0, out=self.out)
-            self.handle = npu.graph_task_group_end(s)
-        self.update_stream = npu.Stream()
-
-    def update(self, scale: float) -> None:
-        upd = self.update_stream
-        with npu.stream(upd):
-            npu.graph_task_update_begin(upd, self.handle)
-            self.op(self.a, scale=scale, out=self.out)
-            npu.graph_task_update_end(upd)
-            self.event.record(upd)
-
-    def run(self, steps: int, before_replay: Callable[[Step], None]) -> list[float]:
-        """``steps`` decode steps: ``before_replay``, replay, update; each step's output as the
-        simulator computed it (in program order)."""
-        seen = []
-        for i in range(steps):
-            before_replay(self)
-            self.graph.replay()
-            self.update(float(i + 2))
-            seen.append(float(self.out[0]))
-        npu.synchronize()
-        return seen
 
 
 def _barrier(step: Step) -> None:
@@ -154,7 +100,7 @@ def test_a_sync_of_another_stream_does_not_order(detector: Any) -> None:
 def test_an_ungated_task_group_races_with_its_update(detector: Any) -> None:
     """A task group with no event gate before it: the run is not ordered after the update
     (the update stream's work may land after the replay ran the task)."""
-    op = detector.make_op("toy_scale", _scale_out)
+    op = detector.make_op("toy_scale", scale_out)
     a, out = torch.ones(2), torch.zeros(2)
     g = npu.NPUGraph()
     with npu.graph(g):

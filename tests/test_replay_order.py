@@ -197,24 +197,13 @@ def test_every_known_update_stream_waits_on_the_compute_stream(
 # --- what the device orders: the simulator's race detector ---------------------------------
 
 
-@pytest.fixture
-def detector(rt: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from torch_npu_sim import happens_before
-
-    monkeypatch.setenv(happens_before.ENV_VAR, "count")
-    rt.reset()
-    yield rt
-    monkeypatch.delenv(happens_before.ENV_VAR)
-    rt.reset()
-
-
 @pytest.mark.parametrize("wait", ["kept", "dropped"])
 def test_the_stream_order_wait_is_what_orders_the_update(detector: Any, wait: str) -> None:
     """Stock's decode step (a captured graph gated on an event, replayed, then its task updated
     on the update stream and the event recorded), with this module's wait before each replay in
     place of the barrier: no race. Its negative control, the same wait dropped by the simulator's
     switch (``engine.order_wait``, the engine's ``stream-nowait`` arm): every later step races."""
-    from tests.test_happens_before import Step
+    from tests.decode_step import Step
     from torch_npu_sim.engine import order_wait
 
     if wait == "dropped":
