@@ -16,9 +16,9 @@ from ascend_graph_patch import activation, state, status
 from torch_npu_sim.harness import scenarios
 from torch_npu_sim.workload import ArmResult, StepHook, Workload, bitwise_equal, run_arm
 
-#: Replay steps per arm: 200 in the suite; ``scripts/mutate.py`` sets fewer (``AGP_TEST_STEPS``)
+#: Replay steps per arm: 150 in the suite; ``scripts/mutate.py`` sets fewer (``AGP_TEST_STEPS``)
 #: to bound a mutation run's time.
-STEPS = int(os.environ.get("AGP_TEST_STEPS", "200"))
+STEPS = int(os.environ.get("AGP_TEST_STEPS", "150"))
 EAGER_TOL = 1e-5
 
 

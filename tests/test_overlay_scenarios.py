@@ -1,6 +1,6 @@
 """The overlay on the real vllm-ascend 0.23.0.post1 graph code (simulated NPU), target graphs, v1.
 
-For every scenario, 200 replay steps with random batch sizes and KV lengths (padding included):
+For every scenario, 150 replay steps with random batch sizes and KV lengths (padding included):
 overlay == stock bitwise and == eager within tolerance; where stock itself crashes, the test
 asserts that crash (evidence) and that the overlay matches eager. Verify finds 0 mismatches;
 observe and off change nothing.

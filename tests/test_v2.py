@@ -8,7 +8,7 @@ is built, as in a real process (the post-import hook fires when the v2 modules l
 runner's `torch_cuda_wrapper` copies `torch_npu_graph_wrapper` into `torch.cuda.graph`).
 
 The v2 target matrix follows the v1 overlay matrix (`harness/scenarios.py`): every scenario the
-v2 manager can run (catalogue names `v2_<scenario>`), 200 replay steps each with random batch
+v2 manager can run (catalogue names `v2_<scenario>`), 150 replay steps each with random batch
 sizes and KV lengths (padding included). Stock v2 behaviour is recorded on each v2 scenario
 (`stock`); where stock fails, the exact failure is asserted as evidence and the overlay is held to
 eager instead.
@@ -36,7 +36,7 @@ from torch_npu_sim.harness.scenarios import (
 )
 from torch_npu_sim.harness.spec import Scenario, V2Scenario
 
-STEPS = 200
+STEPS = 150
 TOL = 1e-5  # as the v1 matrix (tests/overlay_support.py); measured max 1.1e-06
 V2_MODULES = (
     "vllm_ascend.ops",
