@@ -28,6 +28,12 @@ class Step:
         self.op = rt.make_op("toy_scale", scale_out)
         self.a, self.out = torch.ones(2), torch.zeros(2)
         self.graph = npu.NPUGraph()
+        self.capture()
+        self.update_stream = npu.Stream()
+
+    def capture(self) -> None:
+        """Capture the step's graph (again, after ``graph.reset()``): a new event gating a new
+        task group."""
         self.event = npu.ExternalEvent()
         with npu.graph(self.graph):
             s = npu.current_stream()
@@ -36,7 +42,6 @@ class Step:
             npu.graph_task_group_begin(s)
             self.op(self.a, scale=1.0, out=self.out)
             self.handle = npu.graph_task_group_end(s)
-        self.update_stream = npu.Stream()
 
     def update(self, scale: float) -> None:
         upd = self.update_stream
