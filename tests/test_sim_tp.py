@@ -64,6 +64,12 @@ def _rank_main(rank: int, directory: Path) -> None:
         result = f"{type(exc).__name__}: {exc}"
     finally:
         (directory / f"rank{rank}.json").write_text(json.dumps(result))
+        # The rank ends here, its result written: about one run in three, returning from this
+        # function hung in a C++ destructor (the captured graph's hold on the gloo group, after
+        # the peer had gone), costing the test's 120 s timeout while the result was already
+        # right. Teardown is not what this test checks.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def test_captured_collective_replays_as_issue_plus_wait(tmp_path: Path) -> None:
