@@ -433,11 +433,7 @@ def gumbel_sample(
     sampling inside the draft graphs is ``argmax``, not this kernel)."""
     num_tokens, num_blocks = grid
     reqs = expanded_idx_mapping[:num_tokens].long()
-    if bool((temp[reqs] != 0).any()):
-        raise SimulatorError(
-            "Triton kernel _gumbel_sample_kernel: the torch reference samples greedily only "
-            "(temperature 0); a request here has a temperature"
-        )
+    _greedy_only("_gumbel_sample_kernel", temp[reqs])
     rows = logits[:num_tokens, :vocab_size].to(torch.float32)
     if processed_logits is not None:
         col = 0 if processed_logits_col is None else int(processed_logits_col)
@@ -445,13 +441,10 @@ def gumbel_sample(
         for token in range(num_tokens):
             at = int(reqs[token]) * processed_logits_stride + col * vocab_size
             flat[at : at + vocab_size] = rows[token].to(flat.dtype)
-    padded = rows.new_full((num_tokens, num_blocks * BLOCK_SIZE), float("-inf"))
-    padded[:, :vocab_size] = rows
-    values, indices = padded.view(num_tokens, num_blocks, BLOCK_SIZE).max(dim=-1)
-    blocks = torch.arange(num_blocks) * BLOCK_SIZE
+    values, tokens = _block_max(rows, vocab_size, BLOCK_SIZE)  # num_blocks blocks, as launched
     _memory(local_argmax)[
         (torch.arange(num_tokens)[:, None] * local_argmax_stride + torch.arange(num_blocks))
-    ] = (indices + blocks).to(local_argmax.dtype)
+    ] = tokens.to(local_argmax.dtype)
     _memory(local_max)[
         (torch.arange(num_tokens)[:, None] * local_max_stride + torch.arange(num_blocks))
     ] = values.to(torch.float64 if USE_FP64 else torch.float32).to(local_max.dtype)
