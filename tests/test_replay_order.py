@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from pytest_mock import MockerFixture
 
 from ascend_graph_patch import settings
@@ -181,7 +182,7 @@ def test_every_known_update_stream_waits_on_the_compute_stream(
     step, must not overtake an earlier replay either); the compute stream never waits on itself;
     a stream is remembered once."""
     compute, target_stream, draft_stream = (mocker.Mock(name=n) for n in ("c", "t", "d"))
-    mocker.patch.object(replay_order.torch.npu, "current_stream", return_value=compute)
+    mocker.patch.object(torch.npu, "current_stream", return_value=compute)
     streams: list[Any] = []
     for stream in (target_stream, draft_stream, target_stream, compute, None):
         replay_order.note_update_stream(streams, stream)

@@ -30,6 +30,7 @@ from typing import Any
 
 from ascend_graph_patch.ab.orchestrate import MODEL_WORKLOADS, ABConfig, ArmRun
 from ascend_graph_patch.ab.timing import percentile
+from ascend_graph_patch.aspects import replay_order
 
 PASS, PASS_KNOWN, PASS_WRONG, DIFF, CRASH, INEFFECTIVE, INTERRUPTED = (
     "PASS",
@@ -565,22 +566,20 @@ def _check_overlay(
                 )
 
 
-#: The counters of stream-ordered replay (``aspects/replay_order.py``).
+#: Every counter of stream-ordered replay begins so (``aspects/replay_order.py``).
 _REPLAY_ORDER = "replay_order."
-_STREAM_ORDERED = ("replay_order.stream", "replay_order.stream.v2")
-_KEPT_BARRIER = "replay_order.barrier."
-_NO_BARRIER = "replay_order.no_barrier"
+_KEPT_BARRIER = replay_order.BARRIER + "."
 
 
 def _check_stream(res: CaseResult, run: ArmRun, counters: dict[str, int]) -> None:
     """The stream arm's setting must have taken effect (every FULL replay it saw is counted:
     stream-ordered, barrier kept with a reason, or without a barrier in stock too); the note says
     how many of each. Owned updates with nothing counted: it measured the patched arm again."""
-    ordered = sum(int(counters.get(k, 0)) for k in _STREAM_ORDERED)
+    ordered = sum(int(counters.get(k, 0)) for k in replay_order.ORDERED)
     kept = {
         k.removeprefix(_KEPT_BARRIER): v for k, v in counters.items() if k.startswith(_KEPT_BARRIER)
     }
-    untouched = int(counters.get(_NO_BARRIER, 0))
+    untouched = int(counters.get(replay_order.NO_BARRIER, 0))
     note = (
         f"stream run {run.index} (opt-in ASCEND_GRAPH_PATCH_REPLAY_SYNC=stream): "
         f"{ordered or 'no'} replay(s) stream-ordered, without stock's device synchronize"

@@ -129,7 +129,7 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
         return wrapped(*args, **kwargs)
     what, forward_context, descriptor = call
     if what == _REPLAY:
-        active, ordered = shared.ACTIVE, False
+        active, ordered, role = shared.ACTIVE, False, None
         if active is not None and active.stream_order:
             try:
                 role = current_role(forward_context)
@@ -143,7 +143,8 @@ def acl_graph_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             output = wrapped(*args, **kwargs)
         try:  # the update that follows is this wrapper's graph's (unless it updates first)
             if not getattr(instance, "enable_enpu", False):
-                shared.note_replay(current_role(forward_context), instance, descriptor)
+                role = role or current_role(forward_context)
+                shared.note_replay(role, instance, descriptor)
         except Exception as exc:
             aspect_error(ASPECT, exc)
         return output

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ascend_graph_patch import state
 from ascend_graph_patch.core.kinds import TARGET
 from ascend_graph_patch.core.registry import REGISTRY
 
+#: The counters (``status``; the A/B's stream arm and the engine's race table read them).
 STREAM = "replay_order.stream"
+STREAM_V2 = "replay_order.stream.v2"
+#: Every stream-ordered replay: v1 wrappers (barrier dropped) and v2 managers (waits added).
+ORDERED = (STREAM, STREAM_V2)
 BARRIER = "replay_order.barrier"
 #: replays stock runs without a barrier (ENPU, merged EAGLE / MTP drafts): left as they are
 NO_BARRIER = "replay_order.no_barrier"
@@ -62,6 +64,8 @@ def note_update_stream(streams: list[Any], stream: Any) -> None:
 
 def _order_updates_after_compute(streams: list[Any]) -> None:
     state.warn_once("replay-order", _SAID)
+    import torch  # loaded wherever a replay runs; not at import: the A/B reads the names above
+
     compute = torch.npu.current_stream()
     for stream in streams:
         if stream is not compute:
@@ -110,4 +114,4 @@ def v2_replay(streams: list[Any]) -> None:
     release): order the updates it issues after everything queued before its replay."""
     if streams:
         _order_updates_after_compute(streams)
-        state.count(STREAM + ".v2")
+        state.count(STREAM_V2)

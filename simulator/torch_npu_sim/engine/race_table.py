@@ -36,17 +36,15 @@ def _barriers(record: dict[str, Any]) -> int:
     return sum(((r or {}).get("sim") or {}).get("replay_barriers_skipped", 0) for r in runners)
 
 
-#: The overlay's counters of stream-ordered replays (v1 wrappers, v2 managers).
-_ORDERED = ("replay_order.stream", "replay_order.stream.v2")
-
-
 def stream_order(record: dict[str, Any]) -> tuple[int, int]:
     """(replays the overlay stream-ordered, stream-order waits the negative control skipped)
     over a case's model-runner processes."""
+    from ascend_graph_patch.aspects.replay_order import ORDERED  # the counters' names
+
     ordered = skipped = 0
     for runner in record.get("runners") or []:
         counters = ((runner or {}).get("overlay") or {}).get("counters") or {}
-        ordered += sum(counters.get(k, 0) for k in _ORDERED)
+        ordered += sum(counters.get(k, 0) for k in ORDERED)
         skipped += ((runner or {}).get("sim") or {}).get("order_waits_skipped", 0)
     return ordered, skipped
 
