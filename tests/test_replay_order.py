@@ -220,3 +220,14 @@ def test_the_stream_order_wait_is_what_orders_the_update(detector: Any, wait: st
         assert races == {"update": 0, "run": 0, "record": 0} and skipped == 0
     else:
         assert races == {"update": 2, "run": 0, "record": 2} and skipped == 3
+
+
+def test_the_engine_race_table_counts_every_stream_ordered_counter_the_overlay_writes() -> None:
+    """The simulator reads the overlay's status counters by name (it never imports the overlay);
+    a renamed counter would read as 0 stream-ordered replays in the engine table."""
+    from torch_npu_sim.engine.race_table import stream_order
+
+    counters = {name: 3 for name in replay_order.ORDERED}
+    counters[replay_order.NO_BARRIER] = 5  # not a stream-ordered replay
+    record = {"runners": [{"overlay": {"counters": counters}, "sim": {"order_waits_skipped": 2}}]}
+    assert stream_order(record) == (3 * len(replay_order.ORDERED), 2)

@@ -36,15 +36,19 @@ def _barriers(record: dict[str, Any]) -> int:
     return sum(((r or {}).get("sim") or {}).get("replay_barriers_skipped", 0) for r in runners)
 
 
+#: the overlay's status counters of stream-ordered replays: v1 wrappers and v2 managers
+#: (tests/test_replay_order.py pins them against ascend_graph_patch.aspects.replay_order.ORDERED)
+_STREAM_ORDERED = ("replay_order.stream", "replay_order.stream.v2")
+
+
 def stream_order(record: dict[str, Any]) -> tuple[int, int]:
     """(replays the overlay stream-ordered, stream-order waits the negative control skipped)
-    over a case's model-runner processes."""
-    from ascend_graph_patch.aspects.replay_order import ORDERED  # the counters' names
-
+    over a case's model-runner processes. Reads the overlay's published ``status`` counters by
+    name, as report.py does (the simulator never imports the overlay)."""
     ordered = skipped = 0
     for runner in record.get("runners") or []:
         counters = ((runner or {}).get("overlay") or {}).get("counters") or {}
-        ordered += sum(counters.get(k, 0) for k in ORDERED)
+        ordered += sum(counters.get(k, 0) for k in _STREAM_ORDERED)
         skipped += ((runner or {}).get("sim") or {}).get("order_waits_skipped", 0)
     return ordered, skipped
 
