@@ -144,13 +144,17 @@ class _Marker:
 class _TaskClock:
     """A task group's op task: its last update and the runs since, per stream."""
 
-    __slots__ = ("handle", "graph", "update", "runs")
+    __slots__ = ("handle", "graph", "update", "runs", "run_index", "runs_seen", "updates_seen")
 
     def __init__(self, handle: int, graph: int) -> None:
         self.handle = handle
         self.graph = graph
         self.update: tuple[int, int] | None = None
         self.runs: dict[int, int] = {}
+        # which run of this task (0, 1, ...) each entry of ``runs`` is; updates resolved so far
+        self.run_index: dict[int, int] = {}
+        self.runs_seen = 0
+        self.updates_seen = 0
 
 
 class Detector:
@@ -175,6 +179,9 @@ class Detector:
         self._hosts: dict[int, Clock] = {}
         self._busy: list[_StreamClock] = []  # streams with pending items
         self._update: tuple[Any, int, Clock] | None = None
+        #: every ``update`` race as (handle, index of the run overtaken, index of the update):
+        #: what the adversarial schedule's prophecy replays (``adversarial``)
+        self.overtaken: list[tuple[int, int, int]] = []
 
     # ---------------------------------------------------------------- state of actors
 
@@ -399,9 +406,15 @@ class Detector:
                 "ordered after the update before it",
             )
         task.runs[stream.actor] = item.pos
+        task.run_index[stream.actor] = task.runs_seen
+        task.runs_seen += 1
 
     def _check_update(self, task: _TaskClock, clock: Clock, stream: Any) -> None:
         unordered = [e for e in task.runs.items() if not _covers(clock, e)]
+        for actor, _ in unordered:
+            self.overtaken.append((task.handle, task.run_index[actor], task.updates_seen))
+        task.updates_seen += 1
+        task.run_index = {}
         if task.update is not None and not _covers(clock, task.update):
             unordered.append(task.update)
         if unordered:

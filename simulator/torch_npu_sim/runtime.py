@@ -41,6 +41,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -52,7 +53,7 @@ from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import happens_before, lifetimes
+from . import adversarial, happens_before, lifetimes
 
 
 class SimulatorError(RuntimeError):
@@ -79,6 +80,16 @@ class _State:
         self.counters = dict.fromkeys(_COUNTER_NAMES, 0)
         # the happens-before race detector (``TORCH_NPU_SIM_RACE_DETECTOR``), None when off
         self.hb = happens_before.create(SimulatorError)
+        # the adversarial schedule by prophecy (``adversarial``): pass 1 records every update's
+        # host values while the detector is on; pass 2 reads the prophecy named by the
+        # environment (loaded at the first task group, once the process knows its rank)
+        self.recorder = adversarial.Recorder() if self.hb is not None else None
+        self.prophecy: adversarial.Prophecy | None = None
+        self.prophecy_loaded = False
+        self.update_values: dict | None = None
+        # task group handle id -> its ordinal since reset: the prophecy's key (handle ids run on
+        # across resets, ordinals repeat in a program that repeats itself)
+        self.group_ordinals: dict[int, int] = {}
 
     @property
     def current_stream(self) -> Stream:
@@ -147,6 +158,7 @@ def abandon_update_scope() -> bool:
     was_open = _S.update_handle is not None
     _S.update_handle = None
     _S.update_done = False
+    _S.update_values = None
     if _S.hb is not None:
         _S.hb.abandon_update()
     return was_open
@@ -156,6 +168,8 @@ def stats() -> dict[str, int]:
     """Counters since the last ``reset()``: captures, replays, updates, records, ... (and the
     race detector's ``races_<kind>`` counts when it is on)."""
     counters = dict(_S.counters)
+    if _S.prophecy is not None:
+        counters.update(_S.prophecy.counts, prophecy_unmet=_S.prophecy.unmet())
     if _S.hb is not None:
         counters.update({f"races_{k}": n for k, n in _S.hb.counts.items()})
     return counters
@@ -164,6 +178,23 @@ def stats() -> dict[str, int]:
 def race_report() -> dict[str, Any] | None:
     """The happens-before race detector's report since the last ``reset()`` (None when off)."""
     return None if _S.hb is None else _S.hb.report()
+
+
+def prophecy_record() -> dict[str, Any] | None:
+    """Pass 1 of the adversarial schedule (``adversarial``): the runs later updates overtake and
+    those updates' host values, for ``TORCH_NPU_SIM_PROPHECY`` (None when the detector is off)."""
+    if _S.hb is None or _S.recorder is None:
+        return None
+    ordinal = _S.group_ordinals
+    overtaken = [(ordinal[h], run, update) for h, run, update in _S.hb.overtaken if h in ordinal]
+    return _S.recorder.prophecy(overtaken)
+
+
+def _load_prophecy() -> None:
+    _S.prophecy_loaded = True
+    if not os.environ.get(adversarial.ENV_VAR):
+        return
+    _S.prophecy = adversarial.Prophecy.from_env()
 
 
 def _hb() -> happens_before.Detector | None:
@@ -200,7 +231,7 @@ def null_cost(enabled: bool = True) -> Iterator[None]:
 class _Task:
     """One unit of device work: a callable with its (replaceable) launch arguments."""
 
-    __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim", "weak")
+    __slots__ = ("name", "fn", "args", "kwargs", "outputs", "sim", "weak", "handle")
     kind = "op"
 
     def __init__(
@@ -220,6 +251,7 @@ class _Task:
         self.outputs = outputs
         self.sim = False  # a simulated NPU op (the one a task-group update may replace)
         self.weak = lifetimes.weak_args(args, kwargs)  # non-owning arguments (checked at run)
+        self.handle: int | None = None  # the ordinal of the task group whose op task this is
 
     def ready(self) -> bool:
         return True
@@ -540,12 +572,22 @@ class ExternalEvent:
 def _run_task(task: _Task) -> None:
     if task.weak:
         _check_owners(task.name, task.weak, "runs")
+    own = None
+    if _S.prophecy is not None and task.handle is not None:
+        values = _S.prophecy.run_values(task.handle)
+        if values is not None:  # overtaken: this run reads a later update's host values
+            own = task.args, task.kwargs
+            task.args, task.kwargs, changed = adversarial.substitute(*own, values)
+            _S.prophecy.counts["prophecy_runs"] += 1
+            _S.prophecy.counts["prophecy_runs_changed"] += int(changed)
     _S.executing += 1
     try:
         with torch.inference_mode():
             task.run()
     finally:
         _S.executing -= 1
+        if own is not None:
+            task.args, task.kwargs = own
     _S.counters["tasks_run"] += 1
 
 
@@ -1062,6 +1104,13 @@ def graph_task_group_end(stream: Stream) -> _NPUTaskGroupHandle:
         raise SimulatorError("graph_task_group_end without graph_task_group_begin")
     tasks, _S.group = _S.group, None
     handle = _NPUTaskGroupHandle(next(_handle_ids))
+    ordinal = _S.group_ordinals[handle._id] = len(_S.group_ordinals)
+    for task in tasks:
+        if task.sim:  # the op task an update replaces
+            task.handle = ordinal
+            break
+    if not _S.prophecy_loaded:
+        _load_prophecy()
     _S.counters["group_handles"] += 1
     _HANDLES[handle._id] = (_S.capturing, tasks)
     if _S.capturing is not None:
@@ -1109,7 +1158,15 @@ def _update_end(stream: Stream) -> None:
     if not done:
         raise SimulatorError("update scope closed without an op launch to update the task with")
     _S.counters["updates"] += 1
+    values, _S.update_values = _S.update_values, None
+    if values is not None and _S.prophecy is not None:
+        held = _S.prophecy.check_update(_S.group_ordinals[handle._id], values)
+        if held is not None:
+            _S.prophecy.counts["prophecy_checked"] += 1
+            _S.prophecy.counts["prophecy_broken"] += int(not held)
     if _S.hb is not None and (hb := _hb()) is not None:
+        if values is not None and _S.recorder is not None:  # numbered as the detector's
+            _S.recorder.update(_S.group_ordinals[handle._id], values)
         hb.update_end(_HANDLES.get(handle._id, (None,))[0])
 
 
@@ -1133,6 +1190,9 @@ def _apply_update(name: str, args: tuple, kwargs: dict) -> None:
     task.args, task.kwargs = args, freeze_host_args(name, kwargs)
     task.weak = weak
     _S.update_done = True
+    if _S.recorder is not None or _S.prophecy is not None:
+        host = HOST_ARGS.get(name.removesuffix(".out"), ())
+        _S.update_values = adversarial.host_values(name, task.args, task.kwargs, host)
 
 
 # --------------------------------------------------------------------------------------------

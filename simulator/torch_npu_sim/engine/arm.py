@@ -223,6 +223,11 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         os.environ[ENV_VAR] = ",".join(case.repairs)
     from . import barrier, order_wait
 
+    prophecies = spec.get("prophecy_dir")
+    if prophecies:  # the adversarial schedule's pass 2: this case's prophecy (its processes)
+        from ..adversarial import ENV_VAR as PROPHECY
+
+        os.environ[PROPHECY] = str(Path(prophecies) / prophecy_file(case.name))
     barrier.install(case.environment)  # a case that removes stock's replay barrier (its process)
     order_wait.install(case.environment)  # or the overlay's stream-order wait
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
@@ -265,6 +270,11 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def prophecy_file(case: str) -> str:
+    """The file name of ``case``'s prophecy (pass 1's, by rank) in an adversarial arm's folder."""
+    return case.replace("/", "__") + ".json"
+
+
 def runner_figures(worker: Any = None) -> dict[str, Any]:
     """Run in the model runner's process (by ``collective_rpc``): the overlay's figures there,
     the simulator's runtime counters there, and that process's pid and distributed rank."""
@@ -281,6 +291,7 @@ def runner_figures(worker: Any = None) -> dict[str, Any]:
         "overlay": _overlay_here(),
         "sim": runtime.stats(),
         "races": runtime.race_report(),
+        "prophecy": runtime.prophecy_record(),
         "draft_groups": _draft_groups(worker),
         "mla_context_chunks": dict(CONTEXT_CHUNK_STEPS),
     }

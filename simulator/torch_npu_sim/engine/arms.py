@@ -85,6 +85,48 @@ OPTIONAL_ARMS: dict[str, Arm] = {
 }
 ALL_ARMS: dict[str, Arm] = {**ARMS, **OPTIONAL_ARMS}
 
+#: ``<arm>@adversarial``: the graph arm ``<arm>`` again under the adversarial schedule, executed
+#: by prophecy (``torch_npu_sim.adversarial``): each task run a later update may overtake (the
+#: race detector's ``update`` races in ``<arm>``'s own run, pass 1) reads that update's host
+#: values. Runs after ``<arm>`` (added when not asked for); its cases are ``<arm>``'s.
+ADVERSARIAL = "@adversarial"
+
+
+def arm_named(name: str) -> Arm:
+    """The arm ``name``: one of :data:`ALL_ARMS`, or a graph arm with :data:`ADVERSARIAL`."""
+    if name.endswith(ADVERSARIAL):
+        source = ALL_ARMS.get(name.removesuffix(ADVERSARIAL))
+        if source is None or not source.graph:
+            raise ValueError(f"{name}: {ADVERSARIAL} follows a graph arm of {', '.join(ALL_ARMS)}")
+        return Arm(name, graph=True, env=dict(source.env))
+    if name not in ALL_ARMS:
+        raise ValueError(f"unknown arm {name!r}: expected one of {', '.join(ALL_ARMS)}")
+    return ALL_ARMS[name]
+
+
+def source_arm(name: str) -> str | None:
+    """The arm whose run is an adversarial arm's pass 1 (None for any other arm)."""
+    return name.removesuffix(ADVERSARIAL) if name.endswith(ADVERSARIAL) else None
+
+
+def write_prophecies(source: dict[str, Any], folder: Path) -> int:
+    """Pass 1's prophecies, one file per case (by the rank of each model-runner process), from
+    the source arm's results; the number of files written."""
+    from .arm import prophecy_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for case, record in (source.get("cases") or {}).items():
+        by_rank = {
+            str(r.get("rank")): r["prophecy"]
+            for r in record.get("runners") or []
+            if r and r.get("prophecy") is not None
+        }
+        if by_rank:
+            (folder / prophecy_file(case)).write_text(json.dumps(by_rank))
+            written += 1
+    return written
+
 
 def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
     if cases is CASES:  # with the cases only the control (or the overlay) runs
@@ -152,15 +194,32 @@ def run_arms(
     An arm that dies without a result gets ``{"error": ..., "cases": {}}`` with its log's tail.
     """
     shared = directory / "modelinfos"
-    pending = [ALL_ARMS[name] for name in arms]
+    names = list(arms)
+    for name in list(names):  # an adversarial arm's pass 1 runs first
+        source = source_arm(name)
+        if source is not None and source not in names:
+            names.insert(names.index(name), source)
+    pending = [arm_named(name) for name in names]
     running: list[tuple[Arm, subprocess.Popen[bytes], float, Path]] = []
     results: dict[str, dict[str, Any]] = {}
     try:
         while pending or running:
-            while pending and len(running) < parallel:
-                arm = pending.pop(0)
-                own = (cases_by_arm or {}).get(arm.name) or cases_for(arm.name, cases)
-                launched = _launch(arm, directory, model_root, shared, own, case_timeout)
+            while len(running) < parallel:
+                ready = [a for a in pending if source_arm(a.name) in (None, *results)]
+                if not ready:
+                    break
+                arm = ready[0]
+                pending.remove(arm)
+                source = source_arm(arm.name)
+                prophecies = None
+                if source is not None:
+                    prophecies = directory / arm.name / "prophecy"
+                    write_prophecies(results[source], prophecies)
+                mine = (cases_by_arm or {}).get(source or arm.name)
+                own = mine or cases_for(source or arm.name, cases)
+                launched = _launch(
+                    arm, directory, model_root, shared, own, case_timeout, prophecies
+                )
                 running.append((arm, *launched))
             time.sleep(0.5)
             for entry in list(running):
@@ -182,6 +241,7 @@ def _launch(
     shared: Path,
     cases: Iterable[Case],
     case_timeout: float,
+    prophecies: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], float, Path]:
     """Start one arm, supervised (its own process group, stopped with everything it started)."""
     arm_dir = directory / arm.name
@@ -191,6 +251,7 @@ def _launch(
         "model_root": str(model_root),
         "timeout": case_timeout,
         "cases": [c.to_json() for c in cases],
+        "prophecy_dir": None if prophecies is None else str(prophecies),
     }
     (arm_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     cmd = [
@@ -228,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_npu_sim.engine.arms")
     parser.add_argument("--out", required=True, help="working directory (results, logs, caches)")
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ALL_ARMS)}"
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated, of {', '.join(ALL_ARMS)}; a graph arm followed by {ADVERSARIAL} "
+        "runs it again under the adversarial schedule (after it)",
     )
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--models", default="", help="model cache (default: OUT/models)")

@@ -53,6 +53,23 @@ def stream_order(record: dict[str, Any]) -> tuple[int, int]:
     return ordered, skipped
 
 
+def adversarial(record: dict[str, Any]) -> str:
+    """An adversarial arm's execution of its prophecy over the model-runner processes: runs that
+    read an overtaking update's host values (how many of them changed a value), and whether the
+    program repeated pass 1 (every overtaking update reached, with pass 1's values); ``-`` for an
+    arm without a prophecy."""
+    sims = [((r or {}).get("sim") or {}) for r in record.get("runners") or []]
+    sims = [s for s in sims if "prophecy_runs" in s]
+    if not sims:
+        return "-"
+    runs, changed, broken, unmet = (
+        sum(s.get(k, 0) for s in sims)
+        for k in ("prophecy_runs", "prophecy_runs_changed", "prophecy_broken", "prophecy_unmet")
+    )
+    held = "held" if not broken and not unmet else f"BROKEN ({broken} differ, {unmet} unmet)"
+    return f"{runs} ({changed} changed), {held}"
+
+
 def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
@@ -71,6 +88,7 @@ def rows(results: dict[str, Any], cases: tuple[Case, ...]) -> list[dict[str, Any
                     "races": races(record),
                     "barriers_skipped": _barriers(record),
                     "stream_order": stream_order(record),
+                    "adversarial": adversarial(record),
                     "replays": c.get("replays"),
                     "error": c.get("error"),
                     "equal": c.get("equal"),
@@ -89,6 +107,7 @@ def table(results: dict[str, Any], cases: tuple[Case, ...]) -> str:
         "barriers skipped",
         "stream-ordered / waits skipped",
         "replays",
+        "overtaken runs executed (changed), prophecy",
         "tokens vs eager",
     ]
     lines = [head, ["---"] * len(head)]
@@ -108,6 +127,7 @@ def table(results: dict[str, Any], cases: tuple[Case, ...]) -> str:
                 str(r["barriers_skipped"]),
                 "{} / {}".format(*r["stream_order"]),
                 str(r["replays"]),
+                r["adversarial"],
                 tokens,
             ]
         )
