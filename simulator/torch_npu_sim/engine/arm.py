@@ -224,10 +224,11 @@ def run_case(spec: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     from . import barrier, order_wait
 
     prophecies = spec.get("prophecy_dir")
-    if prophecies:  # the adversarial schedule's pass 2: this case's prophecy (its processes)
-        from ..adversarial import ENV_VAR as PROPHECY
+    prophecy = Path(prophecies) / prophecy_file(case.name) if prophecies else None
+    if prophecy is not None and prophecy.exists():  # the adversarial schedule's pass 2 (none:
+        from ..adversarial import ENV_VAR as PROPHECY  # pass 1 reported nothing, e.g. crashed)
 
-        os.environ[PROPHECY] = str(Path(prophecies) / prophecy_file(case.name))
+        os.environ[PROPHECY] = str(prophecy)
     barrier.install(case.environment)  # a case that removes stock's replay barrier (its process)
     order_wait.install(case.environment)  # or the overlay's stream-order wait
     status_dir = os.environ.get("ASCEND_GRAPH_PATCH_STATUS_DIR")
