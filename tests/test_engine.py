@@ -328,7 +328,9 @@ def test_without_the_replay_barrier_async_updates_race(results: dict[str, Any]) 
     assert not record.get("error"), record.get("error")
     found = race_table.races(record)
     sim = report.runner(record).get("sim") or {}
-    assert sim.get("replay_barriers_skipped"), sim
+    # every FULL replay went through the wrapper's barrier, and every skip was counted (the
+    # simulator's counters survive vLLM's compiled forward: runtime.SimOp._call)
+    assert sim.get("replay_barriers_skipped") == sim.get("replays") > 0, sim
     assert found is not None and found["update"] > 0 and found["record"] > 0, found
 
 

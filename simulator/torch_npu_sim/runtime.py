@@ -1322,7 +1322,11 @@ class SimOp:
             return kwargs.get("out")
         if s.executing:
             return self.fn(*args, **kwargs)
-        s.counters["op_launches"] += 1
+        if not torch.compiler.is_compiling():
+            # Traced by dynamo (a model's torch_npu call inside vLLM's compiled forward), the
+            # increment would become a side effect that the compiled code replays by rebuilding
+            # the whole dict as it was at trace time, losing every count made since.
+            s.counters["op_launches"] += 1
         if s.capturing is not None:
             if self.rules is not None and s.group is not None:
                 self._check_in_graph(args, kwargs)
