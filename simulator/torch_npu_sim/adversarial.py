@@ -143,8 +143,7 @@ class Prophecy:
                 self.expected[(handle, update)] = values
         self.run_count: dict[int, int] = {}
         self.update_count: dict[int, int] = {}
-        # kept here, not in the runtime's counters: dynamo replays a traced model's mutations of
-        # that dict (the simulated ops count their launches) by rebuilding it as it was traced
+        # pass 2's own counts (``runtime.stats()`` adds them): none exist in any other arm
         self.counts = dict.fromkeys(COUNTERS, 0)
 
     @classmethod
