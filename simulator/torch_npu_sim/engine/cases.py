@@ -495,3 +495,24 @@ STREAM_NO_WAIT_CASE = dataclasses.replace(
 #: Cases only the overlay's arm runs (a setting of the overlay's, on one engine it already runs).
 OVERLAY_ONLY_CASES: tuple[Case, ...] = (STREAM_ORDER_CASE, STREAM_NO_WAIT_CASE)
 ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
+
+
+# --- Qwen3-Next (optional cases) --------------------------------------------------------------
+# Qwen3-Next (``Qwen3NextForCausalLM``, ``engine/qwen3_next_model.py``): Gated DeltaNet layers
+# with the fused, interleaved ``in_proj_qkvz`` / ``in_proj_ba`` projections, gated full
+# attention with partial plain RoPE, a sparse MoE block with a gated shared expert in every
+# layer, alone and with its MTP layer as the draft (vLLM's ``Qwen3NextMTP``). Outside the engine
+# tests' arms (their time budget): run by name. The prompts are chunked beside running decodes
+# as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens).
+
+QWEN3_NEXT_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 20}
+
+QWEN3_NEXT_CASES: tuple[Case, ...] = (
+    Case("qwen3-next/compile/decode-only", model="qwen3_next", engine=QWEN3_NEXT_ENGINE),
+    _mtp("qwen3-next+mtp/k1/compile/decode-only", "qwen3_next", 1, engine=QWEN3_NEXT_ENGINE),
+)
+OPTIONAL_CASES = (*OPTIONAL_CASES, *QWEN3_NEXT_CASES)
+OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(case.name for case in QWEN3_NEXT_CASES))
+ALL_CASES = (*ALL_CASES, *QWEN3_NEXT_CASES)
+
+# --- end of Qwen3-Next ------------------------------------------------------------------------
