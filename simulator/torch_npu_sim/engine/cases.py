@@ -503,13 +503,37 @@ ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
 # attention with partial plain RoPE, a sparse MoE block with a gated shared expert in every
 # layer, alone and with its MTP layer as the draft (vLLM's ``Qwen3NextMTP``). Outside the engine
 # tests' arms (their time budget): run by name. The prompts are chunked beside running decodes
-# as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens).
+# as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens). Besides the two
+# asked for (without and with MTP, k = 1): k = 2, the L, F, L, F layout whose attention layers
+# span two KV-cache groups (stock silently wrong there, as on Qwen3.5: ``QWEN35_TWO_GROUPS_WRONG``),
+# async scheduling, and bfloat16 weights (what the released checkpoints hold).
 
 QWEN3_NEXT_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 20}
 
 QWEN3_NEXT_CASES: tuple[Case, ...] = (
     Case("qwen3-next/compile/decode-only", model="qwen3_next", engine=QWEN3_NEXT_ENGINE),
     _mtp("qwen3-next+mtp/k1/compile/decode-only", "qwen3_next", 1, engine=QWEN3_NEXT_ENGINE),
+    _mtp("qwen3-next+mtp/k2/compile/decode-only", "qwen3_next", 2, engine=QWEN3_NEXT_ENGINE),
+    _mtp(
+        "qwen3-next-two-groups+mtp/k1/compile/decode-only",
+        "qwen3_next_two_groups",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
+        stock=QWEN35_TWO_GROUPS_WRONG,
+    ),
+    _mtp(
+        "qwen3-next+mtp/k1/compile/decode-only/async",
+        "qwen3_next",
+        1,
+        engine={**QWEN3_NEXT_ENGINE, "async_scheduling": True},
+    ),
+    _mtp(
+        "qwen3-next+mtp/k1/compile/decode-only/bf16",
+        "qwen3_next",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
+        dtype="bfloat16",
+    ),
 )
 OPTIONAL_CASES = (*OPTIONAL_CASES, *QWEN3_NEXT_CASES)
 OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(case.name for case in QWEN3_NEXT_CASES))

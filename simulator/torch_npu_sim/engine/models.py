@@ -20,7 +20,7 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
-from .qwen3_next_model import QWEN3_NEXT
+from .qwen3_next_model import QWEN3_NEXT, QWEN3_NEXT_TWO_GROUPS
 from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
 
@@ -363,5 +363,6 @@ MODELS: dict[str, ModelSpec] = {
         # Qwen3-Next (GDN with fused qkvz / ba projections, MoE + shared expert) with its MTP
         # layer (its own module).
         QWEN3_NEXT,
+        QWEN3_NEXT_TWO_GROUPS,
     )
 }

@@ -164,3 +164,11 @@ def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
 QWEN3_NEXT = ModelSpec(
     "qwen3_next", build, config([LINEAR, LINEAR, LINEAR, FULL], mtp=True), branch_scale=0.5
 )
+#: Layers L, F, L, F + MTP: the attention layers (two + MTP) beside two GDN layers span two
+#: KV-cache groups (as ``qwen35_model.QWEN35_TWO_GROUPS``).
+QWEN3_NEXT_TWO_GROUPS = ModelSpec(
+    "qwen3_next_two_groups",
+    build,
+    config([LINEAR, FULL, LINEAR, FULL], mtp=True),
+    branch_scale=0.5,
+)
