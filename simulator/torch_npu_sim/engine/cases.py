@@ -506,7 +506,8 @@ ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
 # as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens). Besides the two
 # asked for (without and with MTP, k = 1): k = 2, the L, F, L, F layout whose attention layers
 # span two KV-cache groups (stock silently wrong there, as on Qwen3.5: ``QWEN35_TWO_GROUPS_WRONG``),
-# async scheduling, and bfloat16 weights (what the released checkpoints hold).
+# async scheduling, bfloat16 weights (what the released checkpoints hold), and other GDN shapes
+# (``qwen3_next_model.QWEN3_NEXT_WIDE``).
 
 QWEN3_NEXT_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 20}
 
@@ -533,6 +534,12 @@ QWEN3_NEXT_CASES: tuple[Case, ...] = (
         1,
         engine=QWEN3_NEXT_ENGINE,
         dtype="bfloat16",
+    ),
+    _mtp(
+        "qwen3-next-wide+mtp/k1/compile/decode-only",
+        "qwen3_next_wide",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
     ),
 )
 OPTIONAL_CASES = (*OPTIONAL_CASES, *QWEN3_NEXT_CASES)

@@ -39,8 +39,9 @@ LINEAR, FULL = "linear_attention", "full_attention"
 EXPERTS, TOP_K, EXPERT_INTER, SHARED_INTER = 4, 2, 64, 64
 
 
-def config(layer_types: list[str], mtp: bool) -> dict[str, Any]:
-    """``Qwen3NextConfig`` keyword arguments for a tiny model with ``layer_types``."""
+def config(layer_types: list[str], mtp: bool, **changes: Any) -> dict[str, Any]:
+    """``Qwen3NextConfig`` keyword arguments for a tiny model with ``layer_types`` (and
+    ``changes``)."""
     return {
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
@@ -74,6 +75,7 @@ def config(layer_types: list[str], mtp: bool) -> dict[str, Any]:
         "eos_token_id": 1,
         "bos_token_id": 2,
         "mtp": mtp,
+        **changes,
     }
 
 
@@ -170,5 +172,22 @@ QWEN3_NEXT_TWO_GROUPS = ModelSpec(
     "qwen3_next_two_groups",
     build,
     config([LINEAR, FULL, LINEAR, FULL], mtp=True),
+    branch_scale=0.5,
+)
+#: Other GDN shapes: one key head shared by three value heads (a ratio that is no power of two),
+#: head dims 128 (the released models' GDN dims; state page 3 x 128 x 128 x 4 bytes), and layer 1
+#: with a dense MLP (``mlp_only_layers``) among the MoE layers.
+QWEN3_NEXT_WIDE = ModelSpec(
+    "qwen3_next_wide",
+    build,
+    config(
+        [LINEAR, LINEAR, LINEAR, FULL],
+        mtp=True,
+        linear_num_key_heads=1,
+        linear_num_value_heads=3,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        mlp_only_layers=[1],
+    ),
     branch_scale=0.5,
 )
