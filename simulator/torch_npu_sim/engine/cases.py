@@ -506,8 +506,8 @@ ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
 # as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens). Besides the two
 # asked for (without and with MTP, k = 1): k = 2, the L, F, L, F layout whose attention layers
 # span two KV-cache groups (stock silently wrong there, as on Qwen3.5: ``QWEN35_TWO_GROUPS_WRONG``),
-# async scheduling, bfloat16 weights (what the released checkpoints hold), and other GDN shapes
-# (``qwen3_next_model.QWEN3_NEXT_WIDE``).
+# async scheduling, bfloat16 weights (what the released checkpoints hold), other GDN shapes
+# (``qwen3_next_model.QWEN3_NEXT_WIDE``) and tensor parallelism 2.
 
 QWEN3_NEXT_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 20}
 
@@ -540,6 +540,17 @@ QWEN3_NEXT_CASES: tuple[Case, ...] = (
         "qwen3_next_wide",
         1,
         engine=QWEN3_NEXT_ENGINE,
+    ),
+    # Tensor parallelism 2 (spawned workers, engine core in the arm's process as ``tp.py``'s spawn
+    # case): each rank holds one key and two value GDN heads, one KV head, half of each expert.
+    # Its eager reference shares the k = 1 case's name: run alone, the eager arm runs it at TP=2;
+    # beside that case, one eager engine serves both (measured: TP=2 eager gives TP=1's tokens).
+    _mtp(
+        "qwen3-next+mtp/k1/tp2/compile/decode-only",
+        "qwen3_next",
+        1,
+        engine={**QWEN3_NEXT_ENGINE, "tensor_parallel_size": 2},
+        environment={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
     ),
 )
 OPTIONAL_CASES = (*OPTIONAL_CASES, *QWEN3_NEXT_CASES)
