@@ -6,8 +6,10 @@ state per sequence (``_C_ascend.npu_causal_conv1d_custom``), the gates
 (``_C_ascend.npu_fused_gdn_gating``), the gated delta rule over one or a few tokens per sequence
 (``_C_ascend.npu_recurrent_gated_delta_rule``, decode and speculative decode) or over a prompt
 (``ops/triton/fla/chunk.py``'s chunked prefill), and Triton kernels around them: the q/k L2 norm,
-the output's gated RMSNorm, the clearing of fresh sequences' states; the full-attention layers
-split q / gate / k / v, normalise q and k and apply the interleaved M-RoPE in one Triton kernel.
+the output's gated RMSNorm, the clearing of fresh sequences' states, and for Qwen3-Next the split
+of its fused, per-key-head interleaved ``in_proj_qkvz`` / ``in_proj_ba`` outputs; Qwen3.5's
+full-attention layers split q / gate / k / v, normalise q and k and apply the interleaved M-RoPE in
+one Triton kernel.
 
 The three ``_C_ascend`` ops are simulated NPU ops (``engine/ascend_c_ops.py``: one task each under
 capture, re-run at replay on the tensors' values then, as the device kernel reads its index and
