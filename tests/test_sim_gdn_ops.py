@@ -9,7 +9,9 @@ Each oracle is written another way than its reference and shares no code with it
 - the delta rule as a per-head matrix recurrence ``S = e^g S + k (beta (v - S^T k))^T``,
   ``o = S^T q`` over the accepted stream (and transformers' ``torch_recurrent_gated_delta_rule``
   and chunked ``torch_chunk_gated_delta_rule``, float32 inside, at a looser tolerance);
-- the gates, norms and the M-RoPE kernel from their formulas, the rotation as a complex product.
+- the gates, norms and the M-RoPE kernel from their formulas, the rotation as a complex product;
+- Qwen3-Next's ``in_proj_qkvz`` / ``in_proj_ba`` split as transformers' own
+  ``Qwen3NextGatedDeltaNet.fix_query_key_value_ordering`` splits the same rows.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -389,6 +392,93 @@ def test_split_qkv_rmsnorm_mrope_matches_its_formula(gen: torch.Generator) -> No
     assert _max_err(outs[1], k.reshape(t, kv_size)) < 1e-5
     assert torch.equal(outs[2], qkv[:, 2 * q_size + kv_size :])
     assert torch.equal(outs[3], q_gate[..., hd:].reshape(t, q_size).float())
+
+
+def _split_qkvzba(
+    kernel: object, qkvz: torch.Tensor, ba: torch.Tensor, nk: int, nv: int, hk: int, hv: int
+) -> tuple[torch.Tensor, ...]:
+    """Launch ``kernel`` with vllm-ascend's ``fused_qkvzba_split_reshape_cat`` arguments."""
+    n = qkvz.shape[0]
+    qkv = torch.full((n, 2 * nk * hk + nv * hv), float("nan"))
+    z = torch.full((n, nv, hv), float("nan"))
+    b, a = torch.full((n, nv), float("nan")), torch.full((n, nv), float("nan"))
+    per_k = 2 * hk + 2 * nv // nk * hv
+    kernel(  # type: ignore[operator]
+        (1, 1), qkv, z, b, a, qkvz, ba, nk, nv, hk, hv, n, n, nk * per_k, 2 * nv,
+        2 * nk * hk + nv * hv, nv * hv, nv, 8,
+    )  # fmt: skip
+    return qkv, z, b, a
+
+
+def _hf_split(
+    qkvz: torch.Tensor, ba: torch.Tensor, nk: int, nv: int, hk: int, hv: int
+) -> tuple[torch.Tensor, ...]:
+    """transformers' ``Qwen3NextGatedDeltaNet.fix_query_key_value_ordering`` (the model's own
+    torch code, batch 1), laid out as the kernel's outputs: q, k, v heads concatenated."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
+
+    layer = SimpleNamespace(num_k_heads=nk, num_v_heads=nv, head_k_dim=hk, head_v_dim=hv)
+    q, k, v, z, b, a = hf_next.Qwen3NextGatedDeltaNet.fix_query_key_value_ordering(
+        layer, qkvz[None], ba[None]
+    )
+    n = qkvz.shape[0]
+    qkv = torch.cat([x[0].reshape(n, -1) for x in (q, k, v)], -1)
+    return qkv, z[0], b[0], a[0]
+
+
+@pytest.mark.parametrize("nk,nv", [(2, 4), (2, 2), (1, 3)])
+def test_fused_qkvzba_split_matches_transformers_ordering(
+    gen: torch.Generator, nk: int, nv: int
+) -> None:
+    """Qwen3-Next's interleaved ``in_proj_qkvz`` / ``in_proj_ba`` rows (per key head: q, k, its
+    value heads' v, then z; b then a) split as transformers' own model splits them."""
+    hk, hv, n = 8, 4, 5
+    qkvz = torch.randn(n, nk * (2 * hk + 2 * nv // nk * hv), generator=gen)
+    ba = torch.randn(n, 2 * nv, generator=gen)
+    got = _split_qkvzba(gdn_ops.fused_qkvzba_split_reshape_cat_kernel, qkvz, ba, nk, nv, hk, hv)
+    want = _hf_split(qkvz, ba, nk, nv, hk, hv)
+    for name, g_, w_ in zip("qkv z b a".split(), got, want, strict=True):
+        assert g_.shape == w_.shape, name
+        assert torch.equal(g_, w_), name
+
+
+QKVZBA_KEY = (
+    "vllm_ascend.ops.triton.fla.fused_qkvzba_split_reshape.fused_qkvzba_split_reshape_cat_kernel"
+)
+
+
+def _contiguous_split(grid, qkv, z, b, a, mixed_qkvz, mixed_ba, nk, nv, hk, hv, rows, *_):  # noqa: ANN001, ANN202
+    """A wrong reference: Qwen3.5's contiguous ``[q | k | v | z]``, ``[b | a]`` reading of the
+    rows (the split without the per-key-head interleave)."""
+    qkv[:rows].copy_(mixed_qkvz[:rows, : qkv.shape[1]])
+    z[:rows].copy_(mixed_qkvz[:rows, qkv.shape[1] :].reshape(rows, nv, hv))
+    b[:rows].copy_(mixed_ba[:rows, :nv])
+    a[:rows].copy_(mixed_ba[:rows, nv:])
+
+
+@pytest.mark.parametrize("reference", ["simulator", "contiguous"])
+def test_release_qkvzba_split_launches_the_reference_in_transformers_ordering(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, reference: str
+) -> None:
+    """vllm-ascend's own ``fused_qkvzba_split_reshape_cat`` (its strides, its launch arguments)
+    through the simulator's kernel stub gives transformers' split. Negative control
+    (``contiguous``): the same launch with a reference that ignores the interleave differs."""
+    from torch_npu_sim.engine import gdn_path, triton_refs
+
+    gdn_path.install()
+    from vllm_ascend.ops.triton.fla import fused_qkvzba_split_reshape as release
+
+    if reference == "contiguous":
+        monkeypatch.setitem(triton_refs.REFERENCES, QKVZBA_KEY, _contiguous_split)
+    nk, nv, hk, hv, n = 2, 4, 8, 4, 6
+    qkvz = torch.randn(n, nk * (2 * hk + 2 * nv // nk * hv), generator=gen)
+    ba = torch.randn(n, 2 * nv, generator=gen)
+    launches = triton_refs.LAUNCHES.get(QKVZBA_KEY, 0)
+    got = release.fused_qkvzba_split_reshape_cat(qkvz, ba, nk, nv, hk, hv)
+    assert triton_refs.LAUNCHES[QKVZBA_KEY] == launches + 1
+    want = _hf_split(qkvz, ba, nk, nv, hk, hv)
+    same = [torch.equal(g_, w_) for g_, w_ in zip(got, want, strict=True)]
+    assert same == ([True] * 4 if reference == "simulator" else [False] * 4)
 
 
 def test_recurrent_ignoring_accepted_tokens_would_start_from_the_wrong_slot(

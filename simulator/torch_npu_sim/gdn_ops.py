@@ -6,8 +6,10 @@ state per sequence (``_C_ascend.npu_causal_conv1d_custom``), the gates
 (``_C_ascend.npu_fused_gdn_gating``), the gated delta rule over one or a few tokens per sequence
 (``_C_ascend.npu_recurrent_gated_delta_rule``, decode and speculative decode) or over a prompt
 (``ops/triton/fla/chunk.py``'s chunked prefill), and Triton kernels around them: the q/k L2 norm,
-the output's gated RMSNorm, the clearing of fresh sequences' states; the full-attention layers
-split q / gate / k / v, normalise q and k and apply the interleaved M-RoPE in one Triton kernel.
+the output's gated RMSNorm, the clearing of fresh sequences' states, and for Qwen3-Next the split
+of its fused, per-key-head interleaved ``in_proj_qkvz`` / ``in_proj_ba`` outputs; Qwen3.5's
+full-attention layers split q / gate / k / v, normalise q and k and apply the interleaved M-RoPE in
+one Triton kernel.
 
 The three ``_C_ascend`` ops are simulated NPU ops (``engine/ascend_c_ops.py``: one task each under
 capture, re-run at replay on the tensors' values then, as the device kernel reads its index and
@@ -401,3 +403,37 @@ def clear_ssm_states_kernel(
     rows = states.reshape(states.shape[0], -1)[:, :inner_size]
     keep = has_initial_state.reshape(-1, 1).to(torch.bool)
     rows.copy_(torch.where(keep, rows, torch.zeros((), dtype=rows.dtype)))
+
+
+def fused_qkvzba_split_reshape_cat_kernel(
+    grid: Any,
+    mixed_qkv: Tensor,
+    z: Tensor,
+    b: Tensor,
+    a: Tensor,
+    mixed_qkvz: Tensor,
+    mixed_ba: Tensor,
+    NUM_HEADS_QK: int,  # noqa: N803 - the kernel's names
+    NUM_HEADS_V: int,  # noqa: N803
+    HEAD_QK: int,  # noqa: N803
+    HEAD_V: int,  # noqa: N803
+    total_rows: int,
+    *_: Any,
+    **__: Any,
+) -> None:
+    """vllm-ascend's ``fused_qkvzba_split_reshape_cat_kernel`` (Qwen3-Next's GDN input split):
+    each row of ``mixed_qkvz`` holds, per key head ``g``, ``[q_g, k_g, v_g, z_g]`` (``HEAD_QK``,
+    ``HEAD_QK`` and ``NUM_HEADS_V / NUM_HEADS_QK`` value heads of ``HEAD_V`` each), and each row
+    of ``mixed_ba`` per key head ``[b_g, a_g]`` (that many value heads each). Writes
+    ``mixed_qkv`` as all q, then all k, then all v heads, ``z`` ``(rows, NUM_HEADS_V, HEAD_V)``,
+    ``b`` and ``a`` ``(rows, NUM_HEADS_V)``, for the first ``total_rows`` rows (a copy: no math)."""
+    n, g = total_rows, NUM_HEADS_QK
+    per_v = NUM_HEADS_V // NUM_HEADS_QK * HEAD_V
+    per_ba = NUM_HEADS_V // NUM_HEADS_QK
+    groups = mixed_qkvz[:n].reshape(n, g, 2 * HEAD_QK + 2 * per_v)
+    q, k, v, zz = groups.split([HEAD_QK, HEAD_QK, per_v, per_v], dim=-1)
+    mixed_qkv[:n].copy_(torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], -1))
+    z[:n].copy_(zz.reshape(n, NUM_HEADS_V, HEAD_V))
+    ba = mixed_ba[:n].reshape(n, g, 2 * per_ba)
+    b[:n].copy_(ba[..., :per_ba].reshape(n, NUM_HEADS_V))
+    a[:n].copy_(ba[..., per_ba:].reshape(n, NUM_HEADS_V))

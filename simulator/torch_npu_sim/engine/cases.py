@@ -495,3 +495,66 @@ STREAM_NO_WAIT_CASE = dataclasses.replace(
 #: Cases only the overlay's arm runs (a setting of the overlay's, on one engine it already runs).
 OVERLAY_ONLY_CASES: tuple[Case, ...] = (STREAM_ORDER_CASE, STREAM_NO_WAIT_CASE)
 ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
+
+
+# --- Qwen3-Next (optional cases) --------------------------------------------------------------
+# Qwen3-Next (``Qwen3NextForCausalLM``, ``engine/qwen3_next_model.py``): Gated DeltaNet layers
+# with the fused, interleaved ``in_proj_qkvz`` / ``in_proj_ba`` projections, gated full
+# attention with partial plain RoPE, a sparse MoE block with a gated shared expert in every
+# layer, alone and with its MTP layer as the draft (vLLM's ``Qwen3NextMTP``). Outside the engine
+# tests' arms (their time budget): run by name. The prompts are chunked beside running decodes
+# as Qwen3.5's are (``max_num_batched_tokens`` 20: no chunk is ``k + 1`` tokens). Besides the two
+# asked for (without and with MTP, k = 1): k = 2, the L, F, L, F layout whose attention layers
+# span two KV-cache groups (stock silently wrong there, as on Qwen3.5: ``QWEN35_TWO_GROUPS_WRONG``),
+# async scheduling, bfloat16 weights (what the released checkpoints hold), other GDN shapes
+# (``qwen3_next_model.QWEN3_NEXT_WIDE``) and tensor parallelism 2.
+
+QWEN3_NEXT_ENGINE: dict[str, Any] = {"max_num_batched_tokens": 20}
+
+QWEN3_NEXT_CASES: tuple[Case, ...] = (
+    Case("qwen3-next/compile/decode-only", model="qwen3_next", engine=QWEN3_NEXT_ENGINE),
+    _mtp("qwen3-next+mtp/k1/compile/decode-only", "qwen3_next", 1, engine=QWEN3_NEXT_ENGINE),
+    _mtp("qwen3-next+mtp/k2/compile/decode-only", "qwen3_next", 2, engine=QWEN3_NEXT_ENGINE),
+    _mtp(
+        "qwen3-next-two-groups+mtp/k1/compile/decode-only",
+        "qwen3_next_two_groups",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
+        stock=QWEN35_TWO_GROUPS_WRONG,
+    ),
+    _mtp(
+        "qwen3-next+mtp/k1/compile/decode-only/async",
+        "qwen3_next",
+        1,
+        engine={**QWEN3_NEXT_ENGINE, "async_scheduling": True},
+    ),
+    _mtp(
+        "qwen3-next+mtp/k1/compile/decode-only/bf16",
+        "qwen3_next",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
+        dtype="bfloat16",
+    ),
+    _mtp(
+        "qwen3-next-wide+mtp/k1/compile/decode-only",
+        "qwen3_next_wide",
+        1,
+        engine=QWEN3_NEXT_ENGINE,
+    ),
+    # Tensor parallelism 2 (spawned workers, engine core in the arm's process as ``tp.py``'s spawn
+    # case): each rank holds one key and two value GDN heads, one KV head, half of each expert.
+    # Its eager reference shares the k = 1 case's name: run alone, the eager arm runs it at TP=2;
+    # beside that case, one eager engine serves both (measured: TP=2 eager gives TP=1's tokens).
+    _mtp(
+        "qwen3-next+mtp/k1/tp2/compile/decode-only",
+        "qwen3_next",
+        1,
+        engine={**QWEN3_NEXT_ENGINE, "tensor_parallel_size": 2},
+        environment={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+    ),
+)
+OPTIONAL_CASES = (*OPTIONAL_CASES, *QWEN3_NEXT_CASES)
+OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(case.name for case in QWEN3_NEXT_CASES))
+ALL_CASES = (*ALL_CASES, *QWEN3_NEXT_CASES)
+
+# --- end of Qwen3-Next ------------------------------------------------------------------------

@@ -31,7 +31,8 @@ SCHEMAS = {
     "Tensor? num_accepted_tokens=None, Tensor? g=None, Tensor? gk=None) -> Tensor",
 }
 
-#: Triton kernels the Qwen3.5 path launches, by ``module.name`` (``triton_refs.KernelStub.key``).
+#: Triton kernels the Qwen3.5 / Qwen3-Next paths launch, by ``module.name``
+#: (``triton_refs.KernelStub.key``).
 KERNELS = {
     "vllm_ascend.ops.triton.linearnorm.split_qkv_rmsnorm_mrope.split_qkv_rmsnorm_mrope_kernel": (
         "split_qkv_rmsnorm_mrope_kernel"
@@ -41,6 +42,10 @@ KERNELS = {
     ),
     "vllm.model_executor.layers.fla.ops.l2norm.l2norm_fwd_kernel2": "l2norm_fwd_kernel2",
     "vllm_ascend.ops.triton.fla.utils._clear_ssm_states_kernel": "clear_ssm_states_kernel",
+    # Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba split (ops/gdn.py's forward).
+    "vllm_ascend.ops.triton.fla.fused_qkvzba_split_reshape.fused_qkvzba_split_reshape_cat_kernel": (
+        "fused_qkvzba_split_reshape_cat_kernel"
+    ),
 }
 
 #: Vector cores per device the Triton wrappers split work by (``triton_utils.get_vectorcore_num``

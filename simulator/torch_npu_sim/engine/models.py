@@ -20,6 +20,7 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
+from .qwen3_next_model import QWEN3_NEXT, QWEN3_NEXT_TWO_GROUPS, QWEN3_NEXT_WIDE
 from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
 
@@ -359,5 +360,10 @@ MODELS: dict[str, ModelSpec] = {
         QWEN35,
         QWEN35_TWO_GROUPS,
         QWEN35_MOE,
+        # Qwen3-Next (GDN with fused qkvz / ba projections, MoE + shared expert) with its MTP
+        # layer (its own module).
+        QWEN3_NEXT,
+        QWEN3_NEXT_TWO_GROUPS,
+        QWEN3_NEXT_WIDE,
     )
 }

@@ -13,8 +13,9 @@ every request sent at once, as many at a time as the engine batches.
 ``ab --serve --sim-model NAME`` picks another of the engine tests' models, served the same way
 (:data:`SERVED`): ``deepseek-v3`` (MLA, a dense and a MoE layer: what vLLM runs as one
 data-parallel engine with dummy batches, where a dense model's DP ranks are independent engines),
-``deepseek-v3+mtp`` (the same with its MTP layer as the draft, k = 1) and ``qwen3.5-moe+mtp``
-(the hybrid MoE with its MTP layer, k = 1).
+``deepseek-v3+mtp`` (the same with its MTP layer as the draft, k = 1), ``qwen3.5-moe+mtp``
+(the hybrid MoE with its MTP layer, k = 1), ``qwen3-next`` and ``qwen3-next+mtp`` (Qwen3-Next,
+without and with its MTP layer, k = 1).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ SERVED: dict[str, tuple[str, dict[str, Any] | None, list[int]]] = {
         {"method": "mtp", "num_speculative_tokens": 1},
         [2, 4, 8],
     ),
+    # Qwen3-Next (GDN with fused qkvz / ba projections, MoE + shared expert, 3:1), alone and with
+    # its MTP layer (``qwen3_next_model``).
+    "qwen3-next": ("qwen3_next", None, [1, 2, MAX_NUM_SEQS]),
+    "qwen3-next+mtp": ("qwen3_next", {"method": "mtp", "num_speculative_tokens": 1}, [2, 4, 8]),
 }
 #: Engine arguments a served model needs beyond the common ones: Qwen3.5's text path only (its
 #: tiny vision tower is skipped). vLLM's own token budget, not the engine cases' 20: with 20, at
