@@ -138,8 +138,11 @@ def build(spec: ModelSpec, directory: Path) -> None:
     config_file.write_text(json.dumps(data, indent=1))
 
 
-def _guessing_mtp(target: dict[str, Any], generator: Any, moe: bool) -> dict[str, Any]:
-    """The MTP tensors (see the module docstring). Qwen3.5's norms scale by ``1 + weight``."""
+def guessing_layer(generator: Any) -> dict[str, Any]:
+    """The guessing MTP layer (see the module docstring) without its MLP and final norm: ``fc``,
+    the pre-``fc`` norms, a gated attention that looks at its own position and passes the
+    embedding through, and the layer's norms. Qwen3.5's and Qwen3-Next's norms scale by
+    ``1 + weight``, so zeros leave a norm's input normalised only."""
     import torch
 
     h = HIDDEN
@@ -158,6 +161,27 @@ def _guessing_mtp(target: dict[str, Any], generator: Any, moe: bool) -> dict[str
         )
     zeros = torch.zeros(h)
     p, a = "mtp.layers.0.", "mtp.layers.0.self_attn."
+    return {
+        "mtp.fc.weight": torch.cat([0.1 * torch.eye(h), torch.zeros(h, h)], 1),
+        "mtp.pre_fc_norm_embedding.weight": zeros.clone(),
+        "mtp.pre_fc_norm_hidden.weight": zeros.clone(),
+        a + "q_proj.weight": q_proj,  # gate rows 0: the output gate halves every head
+        a + "k_proj.weight": keys,
+        a + "v_proj.weight": torch.eye(h),
+        a + "o_proj.weight": out,
+        # q_norm's scale 1 + 1: each position's own key scores 2 * head_dim / sqrt(head_dim).
+        a + "q_norm.weight": torch.ones(HEAD_DIM),
+        a + "k_norm.weight": torch.zeros(HEAD_DIM),
+        p + "input_layernorm.weight": zeros.clone(),
+        p + "post_attention_layernorm.weight": zeros.clone(),
+    }
+
+
+def _guessing_mtp(target: dict[str, Any], generator: Any, moe: bool) -> dict[str, Any]:
+    """The MTP tensors: the guessing layer, a silent MLP, the target's final norm."""
+    import torch
+
+    h, p = HIDDEN, "mtp.layers.0."
     if moe:  # a silent MoE block: no expert and no shared expert adds anything
         e, inter = MOE["num_experts"], MOE["moe_intermediate_size"]
         shared = MOE["shared_expert_intermediate_size"]
@@ -178,19 +202,8 @@ def _guessing_mtp(target: dict[str, Any], generator: Any, moe: bool) -> dict[str
         }
     return {
         **mlp,
-        "mtp.fc.weight": torch.cat([0.1 * torch.eye(h), torch.zeros(h, h)], 1),
-        "mtp.pre_fc_norm_embedding.weight": zeros.clone(),
-        "mtp.pre_fc_norm_hidden.weight": zeros.clone(),
+        **guessing_layer(generator),
         "mtp.norm.weight": target["model.language_model.norm.weight"].clone(),
-        a + "q_proj.weight": q_proj,  # gate rows 0: the output gate halves every head
-        a + "k_proj.weight": keys,
-        a + "v_proj.weight": torch.eye(h),
-        a + "o_proj.weight": out,
-        # q_norm's scale 1 + 1: each position's own key scores 2 * head_dim / sqrt(head_dim).
-        a + "q_norm.weight": torch.ones(HEAD_DIM),
-        a + "k_norm.weight": torch.zeros(HEAD_DIM),
-        p + "input_layernorm.weight": zeros.clone(),
-        p + "post_attention_layernorm.weight": zeros.clone(),
     }
 
 

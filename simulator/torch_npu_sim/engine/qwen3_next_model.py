@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .qwen35_model import HEAD_DIM, HEADS, KV_HEADS, guessing_layer
 
-HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 LINEAR, FULL = "linear_attention", "full_attention"
 #: Routed experts (softmax top 2 of 4, renormalised) and a gated shared expert, every layer.
 EXPERTS, TOP_K, EXPERT_INTER, SHARED_INTER = 4, 2, 64, 64
@@ -113,25 +113,11 @@ def build(spec: ModelSpec, directory: Path) -> None:
 
 
 def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
-    """The MTP tensors (see the module docstring). Qwen3-Next's norms scale by ``1 + weight``."""
+    """The MTP tensors (see the module docstring): Qwen3.5's guessing layer, a silent MoE block
+    with one tensor per expert (as vLLM's loader maps them), the target's final norm."""
     import torch
 
-    h = HIDDEN
-    assert h == KV_HEADS * HEAD_DIM, "the pass-through values need kv_heads * head_dim == hidden"
-    keys = torch.randn(KV_HEADS * HEAD_DIM, h, generator=generator) / h**0.5
-    group = HEADS // KV_HEADS
-    q_proj = torch.zeros(HEADS * 2 * HEAD_DIM, h)  # per head: its query rows, then its gate rows
-    out = torch.zeros(h, HEADS * HEAD_DIM)
-    for i in range(HEADS):
-        j = i // group
-        q_proj[i * 2 * HEAD_DIM : i * 2 * HEAD_DIM + HEAD_DIM] = keys[
-            j * HEAD_DIM : (j + 1) * HEAD_DIM
-        ]
-        out[j * HEAD_DIM : (j + 1) * HEAD_DIM, i * HEAD_DIM : (i + 1) * HEAD_DIM] = (
-            torch.eye(HEAD_DIM) / group
-        )
-    zeros = torch.zeros(h)
-    p, a = "mtp.layers.0.", "mtp.layers.0.self_attn."
+    h, p = HIDDEN, "mtp.layers.0."
     mlp = {  # a silent MoE block: no expert and no shared expert adds anything
         p + "mlp.gate.weight": torch.zeros(EXPERTS, h),
         p + "mlp.shared_expert.gate_proj.weight": torch.zeros(SHARED_INTER, h),
@@ -145,19 +131,8 @@ def _guessing_mtp(target: dict[str, Any], generator: Any) -> dict[str, Any]:
         mlp[f"{p}mlp.experts.{e}.down_proj.weight"] = torch.zeros(h, EXPERT_INTER)
     return {
         **mlp,
-        "mtp.fc.weight": torch.cat([0.1 * torch.eye(h), torch.zeros(h, h)], 1),
-        "mtp.pre_fc_norm_embedding.weight": zeros.clone(),
-        "mtp.pre_fc_norm_hidden.weight": zeros.clone(),
+        **guessing_layer(generator),
         "mtp.norm.weight": target["model.norm.weight"].clone(),
-        a + "q_proj.weight": q_proj,  # gate rows 0: the output gate halves every head
-        a + "k_proj.weight": keys,
-        a + "v_proj.weight": torch.eye(h),
-        a + "o_proj.weight": out,
-        # q_norm's scale 1 + 1: each position's own key scores 2 * head_dim / sqrt(head_dim).
-        a + "q_norm.weight": torch.ones(HEAD_DIM),
-        a + "k_norm.weight": torch.zeros(HEAD_DIM),
-        p + "input_layernorm.weight": zeros.clone(),
-        p + "post_attention_layernorm.weight": zeros.clone(),
     }
 
 
