@@ -390,34 +390,16 @@ def test_qwen35_eager_tokens_equal_transformers(results: dict[str, Any], engine_
     speculative decoding is lossless) gives transformers 5.5.4's greedy tokens (its own torch
     implementation of the conv, the gating and the delta rule) for every request, the one whose
     prompt was chunked beside running decodes included."""
-    import random
 
-    import torch
     import transformers
 
-    from torch_npu_sim.engine.workload import VllmWorkload
+    from torch_npu_sim.engine.transformers_oracle import greedy_tokens
 
     case = next(c for c in cases.CASES if c.name == QWEN35)
     record = _arm(results, "eager")[case.reference]
     assert not record.get("error"), record.get("error")
     directory = models.materialize(case.model, engine_root / "models")
-    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
-        directory, dtype=torch.float32
-    ).eval()
-    batch = VllmWorkload(case, graph=False).next_batch(random.Random(case.seed))
-    want = []
-    for request in batch:
-        prompt = torch.tensor([request.prompt])
-        n = request.max_tokens
-        out = model.generate(
-            prompt,
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        want.append(out[0, prompt.shape[1] :].tolist())
+    want = greedy_tokens(transformers.Qwen3_5ForConditionalGeneration, directory, case)
     assert record["tokens"][0] == want
 
 
