@@ -495,3 +495,17 @@ STREAM_NO_WAIT_CASE = dataclasses.replace(
 #: Cases only the overlay's arm runs (a setting of the overlay's, on one engine it already runs).
 OVERLAY_ONLY_CASES: tuple[Case, ...] = (STREAM_ORDER_CASE, STREAM_NO_WAIT_CASE)
 ALL_CASES = (*ALL_CASES, *OVERLAY_ONLY_CASES)
+
+
+# --- MLA variants beside DeepSeek-V3 (engine/deepseek_v2_model.py; docs/engine.md) -----------
+#: Optional cases (the suite is at its time budget): ``python -m torch_npu_sim.engine.arms
+#: --cases NAME``. DeepSeek-V2-Lite: no query LoRA (``q_proj``), softmax greedy routing;
+#: Moonlight: a ``DeepseekV3ForCausalLM`` without query LoRA, sigmoid routing in one group.
+MLA_VARIANT_CASES: tuple[Case, ...] = (
+    Case("deepseek-v2-lite/compile/decode-only", model="deepseek_v2_lite"),
+    Case("moonlight/compile/decode-only", model="moonlight"),
+)
+OPTIONAL_CASES = (*OPTIONAL_CASES, *MLA_VARIANT_CASES)
+ALL_CASES = (*ALL_CASES, *MLA_VARIANT_CASES)
+OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(c.name for c in MLA_VARIANT_CASES))
+# --- end of MLA variants ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
+from .deepseek_v2_model import DEEPSEEK_V2_LITE, MOONLIGHT
 from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
 
@@ -359,5 +360,9 @@ MODELS: dict[str, ModelSpec] = {
         QWEN35,
         QWEN35_TWO_GROUPS,
         QWEN35_MOE,
+        # --- MLA variants (their own module): DeepSeek-V2-Lite (no query LoRA, softmax greedy
+        # routing) and Moonlight (no query LoRA, sigmoid routing in one group, scaling 2.446).
+        DEEPSEEK_V2_LITE,
+        MOONLIGHT,
     )
 }

@@ -1,0 +1,163 @@
+"""Tiny MLA models of the variants users serve beside DeepSeek-V3, written as their real
+checkpoints are laid out (one tensor per expert), so vLLM 0.23.0's ``DeepseekV2ForCausalLM`` /
+``DeepseekV3ForCausalLM`` loaders read them, and transformers 5.5.4's own classes of the same
+names too (the eager engine's independent oracle: ``tests/test_engine_mla_variants.py``).
+
+- DeepSeek-V2-Lite (``deepseek_v2``): no query LoRA (``q_lora_rank: null``: the query through a
+  plain ``q_proj``, vLLM's and vllm-ascend's other MLA branch), softmax scores, greedy top-k over
+  all experts (``topk_method: greedy``, one group), weights not renormalised, two shared experts.
+- Moonlight (``deepseek_v3`` as Moonlight-16B-A3B ships it): no query LoRA either, sigmoid scores
+  with a correction bias (``noaux_tc``) but one group (``n_group: 1``, ``topk_group: 1``, as
+  Kimi-K2 too), many experts for the size, ``routed_scaling_factor`` 2.446.
+
+Both: a dense first layer (``first_k_dense_replace: 1``) and a MoE layer, no MTP layer (neither
+checkpoint ships one), no rope scaling (the real configs' YaRN: transformers' DeepSeek-V2 leaves
+YaRN's ``mscale`` out of its softmax scale where vLLM puts it in, so the oracle would disagree by
+construction). DeepSeek-V3's tiny model (``deepseek_model``) is not touched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+
+HEADS = 4
+NOPE, ROPE, V_HEAD = 32, 16, 32
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": HEADS,
+    # No query LoRA: the query is one plain projection of the hidden state.
+    "q_lora_rank": None,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": NOPE,
+    "qk_rope_head_dim": ROPE,
+    "v_head_dim": V_HEAD,
+    "n_shared_experts": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "torch_dtype": "float32",
+}
+
+#: DeepSeek-V2-Lite's ``config.json`` in small (its routing settings as shipped).
+V2_LITE_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    **_COMMON,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 3,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "scoring_func": "softmax",
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+}
+
+#: Moonlight-16B-A3B's ``config.json`` in small (a ``DeepseekV3ForCausalLM``; Kimi-K2 routes the
+#: same way: sigmoid, correction bias, one group, a scaling factor far from 1).
+MOONLIGHT_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    **_COMMON,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 6,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.446,
+    "num_nextn_predict_layers": 0,
+}
+
+
+def build(spec: ModelSpec, directory: Path) -> None:
+    """Write config, tokenizer and seeded weights for ``spec`` (any of this module's configs)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = spec.config
+    h = cfg["hidden_size"]
+    generator = torch.Generator().manual_seed(spec.seed)
+
+    def matrix(rows: int, cols: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=generator) * (scale / cols**0.5)
+
+    def norm(size: int) -> torch.Tensor:  # RMSNorm scales by its weight: near 1
+        return 1.0 + 0.1 * torch.randn(size, generator=generator)
+
+    branch = spec.branch_scale
+    heads, kv_lora = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, v_head = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    q_lora = cfg["q_lora_rank"]
+    tensors: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": torch.randn(cfg["vocab_size"], h, generator=generator),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        if q_lora is None:
+            tensors[a + "q_proj.weight"] = matrix(heads * (nope + rope), h)
+        else:
+            tensors[a + "q_a_proj.weight"] = matrix(q_lora, h)
+            tensors[a + "q_a_layernorm.weight"] = norm(q_lora)
+            tensors[a + "q_b_proj.weight"] = matrix(heads * (nope + rope), q_lora)
+        tensors[a + "kv_a_proj_with_mqa.weight"] = matrix(kv_lora + rope, h)
+        tensors[a + "kv_a_layernorm.weight"] = norm(kv_lora)
+        tensors[a + "kv_b_proj.weight"] = matrix(heads * (nope + v_head), kv_lora)
+        tensors[a + "o_proj.weight"] = matrix(h, heads * v_head, branch)
+        tensors[p + "input_layernorm.weight"] = norm(h)
+        tensors[p + "post_attention_layernorm.weight"] = norm(h)
+        if i < cfg["first_k_dense_replace"]:
+            tensors.update(_mlp(p + "mlp.", matrix, h, cfg["intermediate_size"], branch))
+            continue
+        experts, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        # Router logits spread over a few units: the top-k choice is clear, not a float tie.
+        tensors[p + "mlp.gate.weight"] = matrix(experts, h, 2.0)
+        if cfg["topk_method"] == "noaux_tc":
+            tensors[p + "mlp.gate.e_score_correction_bias"] = 0.1 * torch.randn(
+                experts, generator=generator
+            )
+        for e in range(experts):
+            tensors.update(_mlp(f"{p}mlp.experts.{e}.", matrix, h, inter, branch))
+        shared = inter * cfg["n_shared_experts"]
+        tensors.update(_mlp(p + "mlp.shared_experts.", matrix, h, shared, branch))
+    tensors["model.norm.weight"] = norm(h)
+    tensors["lm_head.weight"] = matrix(cfg["vocab_size"], h, 4.0)
+    save_file(
+        {k: v.float().contiguous() for k, v in tensors.items()},
+        directory / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_tokenizer(directory)
+
+
+def _mlp(prefix: str, matrix: Any, h: int, inter: int, branch: float) -> dict:
+    return {
+        prefix + "gate_proj.weight": matrix(inter, h),
+        prefix + "up_proj.weight": matrix(inter, h),
+        prefix + "down_proj.weight": matrix(h, inter, branch),
+    }
+
+
+DEEPSEEK_V2_LITE = ModelSpec("deepseek_v2_lite", build, V2_LITE_CONFIG, branch_scale=0.5)
+MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
