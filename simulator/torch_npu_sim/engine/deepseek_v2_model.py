@@ -88,6 +88,38 @@ MOONLIGHT_CONFIG: dict[str, Any] = {
     "num_nextn_predict_layers": 0,
 }
 
+#: Kimi-K2's ``config.json`` in small (a ``DeepseekV3ForCausalLM`` with query LoRA): sigmoid
+#: routing in one group over many experts (top 8), one shared expert, scaling 2.827, and its
+#: YaRN rope (factor 32, ``mscale`` = ``mscale_all_dim`` = 1: cos / sin unscaled, the softmax
+#: scale multiplied by ``(0.1 ln 32 + 1)^2``), rope theta 50000.
+KIMI_K2_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    **_COMMON,
+    "q_lora_rank": 96,
+    "n_shared_experts": 1,
+    "n_routed_experts": 32,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827,
+    "num_nextn_predict_layers": 0,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    },
+    "max_position_embeddings": 131072,
+}
+
 
 def build(spec: ModelSpec, directory: Path) -> None:
     """Write config, tokenizer and seeded weights for ``spec`` (any of this module's configs)."""
@@ -161,3 +193,4 @@ def _mlp(prefix: str, matrix: Any, h: int, inter: int, branch: float) -> dict:
 
 DEEPSEEK_V2_LITE = ModelSpec("deepseek_v2_lite", build, V2_LITE_CONFIG, branch_scale=0.5)
 MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
+KIMI_K2 = ModelSpec("kimi_k2", build, KIMI_K2_CONFIG, branch_scale=0.5)
