@@ -87,7 +87,6 @@ def test_context_chunk_buffers_are_allocated_unpinned_inside_the_shim_only() -> 
     assert counted["beside_decodes"] == before["beside_decodes"] + 1
 
 
-
 def test_yarn_rope_caches_are_built_on_the_host_and_match_transformers() -> None:
     """``AscendDeepseekScalingRotaryEmbedding`` (YaRN ``rope_scaling``: DeepSeek-V3, Kimi-K2)
     builds its cos / sin caches with ``device="npu"`` at layer init: CPU torch has no allocator

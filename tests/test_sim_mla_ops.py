@@ -277,7 +277,6 @@ def test_the_a2_router_routes_as_deepseek_v3(gen: torch.Generator) -> None:
     _same_routing(weights, ids, deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5))
 
 
-
 @pytest.mark.parametrize(
     ("variant", "k", "experts", "renorm", "norm_type", "scale", "biased"),
     [
