@@ -505,6 +505,7 @@ MLA_VARIANT_CASES: tuple[Case, ...] = (
     Case("deepseek-v2-lite/compile/decode-only", model="deepseek_v2_lite"),
     Case("moonlight/compile/decode-only", model="moonlight"),
     Case("kimi-k2/compile/decode-only", model="kimi_k2"),
+    Case("glm-4.7-flash/compile/decode-only", model="glm47_flash"),
 )
 OPTIONAL_CASES = (*OPTIONAL_CASES, *MLA_VARIANT_CASES)
 ALL_CASES = (*ALL_CASES, *MLA_VARIANT_CASES)

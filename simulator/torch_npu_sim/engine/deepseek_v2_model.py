@@ -120,6 +120,36 @@ KIMI_K2_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 131072,
 }
 
+#: GLM-4.7-Flash's ``config.json`` in small (``Glm4MoeLiteForCausalLM``: vLLM 0.23.0 serves it
+#: with DeepSeek-V2's MLA attention and GLM-4-MoE's router): query LoRA, a rope-less key part
+#: wider than the value head is not (``qk_nope_head_dim`` 48 against ``v_head_dim`` 64, as 192
+#: against 256 in the real one), sigmoid routing with a correction bias in one group (no
+#: ``topk_method`` key: GLM's router always takes the bias), scaling 1.8, rope theta 1e6.
+GLM47_FLASH_CONFIG: dict[str, Any] = {
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "model_type": "glm4_moe_lite",
+    **_COMMON,
+    "q_lora_rank": 96,
+    "qk_nope_head_dim": 48,
+    "v_head_dim": 64,
+    "n_shared_experts": 1,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.8,
+    "num_nextn_predict_layers": 0,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+}
+
+
+def _biased_router(cfg: dict[str, Any]) -> bool:
+    """Whether the router has an ``e_score_correction_bias``: DeepSeek's ``noaux_tc``, and GLM's
+    always."""
+    return cfg.get("topk_method") == "noaux_tc" or cfg["model_type"] == "glm4_moe_lite"
+
 
 def build(spec: ModelSpec, directory: Path) -> None:
     """Write config, tokenizer and seeded weights for ``spec`` (any of this module's configs)."""
@@ -164,7 +194,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
         experts, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
         # Router logits spread over a few units: the top-k choice is clear, not a float tie.
         tensors[p + "mlp.gate.weight"] = matrix(experts, h, 2.0)
-        if cfg["topk_method"] == "noaux_tc":
+        if _biased_router(cfg):
             tensors[p + "mlp.gate.e_score_correction_bias"] = 0.1 * torch.randn(
                 experts, generator=generator
             )
@@ -194,3 +224,4 @@ def _mlp(prefix: str, matrix: Any, h: int, inter: int, branch: float) -> dict:
 DEEPSEEK_V2_LITE = ModelSpec("deepseek_v2_lite", build, V2_LITE_CONFIG, branch_scale=0.5)
 MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
 KIMI_K2 = ModelSpec("kimi_k2", build, KIMI_K2_CONFIG, branch_scale=0.5)
+GLM47_FLASH = ModelSpec("glm47_flash", build, GLM47_FLASH_CONFIG, branch_scale=0.5)
