@@ -1,0 +1,167 @@
+"""The MLA variants users serve beside DeepSeek-V3, on the real engine (``cases.MLA_VARIANT_CASES``:
+DeepSeek-V2-Lite, Moonlight, Kimi-K2, GLM-4.7-Flash in small, ``engine/deepseek_v2_model.py``,
+and V2-Lite with its long prompts prefilled in chunks beside running decodes).
+
+Optional, like the cases (the suite is at its time budget: about five minutes on two cores):
+``TORCH_NPU_SIM_MLA_VARIANTS=1 python -m pytest tests/test_engine_mla_variants.py``. One module
+fixture runs the five arms on the four cases; then, as ``test_engine.py`` does for its cases:
+
+- every graph arm (stock, overlay, verify) gives eager's tokens, the overlay owns every captured
+  graph and makes every update, verify finds no mismatch, and the negative control (relaunches
+  skipped) differs;
+- the eager engine is independently right: transformers 5.5.4's own class of each checkpoint
+  (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``, ``Glm4MoeLiteForCausalLM``), in float64
+  and fed the engine's tokens, ranks each of them first, within :data:`TOLERANCE` of its best
+  logit (the MLA prefill runs in bfloat16, as on hardware: near-ties may flip). Its negative
+  control changes the one feature each variant adds and the same check must fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torch_npu_sim.engine import arms, cases, models, report
+
+pytestmark = pytest.mark.timeout(1800)
+#: The engine tests run only when asked (the catalogue check below always runs).
+engine = pytest.mark.skipif(
+    not os.environ.get("TORCH_NPU_SIM_MLA_VARIANTS"),
+    reason="optional engine cases: set TORCH_NPU_SIM_MLA_VARIANTS=1",
+)
+
+GRAPH_ARMS = ("stock", "overlay", "verify")
+#: How far below transformers' best logit (float64) an engine token may be: bfloat16 prefill
+#: rounding (the largest seen: 0.0038, Kimi-K2's request 4 at its 18th token, a near-tie).
+TOLERANCE = 0.02
+
+#: Per case, a config change the check must see (the variant's own feature, or a stand-in):
+#: V2-Lite's routed weights as scored (a path that renormalised them would about double them,
+#: as a scaling of 2 does), Moonlight's and GLM's scaling factor, Kimi-K2's YaRN.
+CHANGED: dict[str, dict[str, Any]] = {
+    "deepseek-v2-lite/compile/decode-only": {"routed_scaling_factor": 2.0},
+    "moonlight/compile/decode-only": {"routed_scaling_factor": 1.0},
+    "kimi-k2/compile/decode-only": {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}
+    },
+    "glm-4.7-flash/compile/decode-only": {"routed_scaling_factor": 1.0},
+    "deepseek-v2-lite/chunked-prefill/compile/decode-only": {"routed_scaling_factor": 2.0},
+}
+CHUNKED = "deepseek-v2-lite/chunked-prefill/compile/decode-only"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mla-variants")
+
+
+@pytest.fixture(scope="module")
+def results(root: Path) -> dict[str, Any]:
+    model_root = root / "models"
+    for case in cases.MLA_VARIANT_CASES:
+        models.materialize(case.model, model_root)
+    out = arms.run_arms(root, model_root, tuple(arms.ARMS), cases.MLA_VARIANT_CASES)
+    table = report.table(out, cases.MLA_VARIANT_CASES)
+    (root / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    return out
+
+
+def test_every_variant_is_an_optional_case_with_its_model() -> None:
+    names = {case.name for case in cases.OPTIONAL_CASES}
+    for case in cases.MLA_VARIANT_CASES:
+        assert case.name in names and case.name in cases.OPTIONAL_CONTROL_CASES
+        assert case.model in models.MODELS and case.name in CHANGED
+        assert case.cudagraph_mode == "FULL_DECODE_ONLY" and case not in cases.CASES
+
+
+@engine
+@pytest.mark.parametrize("case", cases.MLA_VARIANT_CASES, ids=lambda c: c.name)
+def test_graph_arms_equal_eager_and_the_overlay_owns_every_graph(
+    results: dict[str, Any], case: cases.Case
+) -> None:
+    eager = report.cell(results, "eager", case)
+    assert eager["ran"] and not eager["error"], eager
+    for arm in GRAPH_ARMS:
+        cell = report.cell(results, arm, case)
+        assert cell["ran"] and not cell["error"] and cell["equal"] is True, (arm, cell)
+        assert cell["replays"], (arm, cell)
+        if arm == "stock":
+            assert cell["graphs_owned"] in (None, 0), cell
+            continue
+        # FULL_DECODE_ONLY sizes 1, 2, 4: three graphs, each replay's two MLA tasks updated
+        assert cell["graphs_owned"] == len(case.capture_sizes), (arm, cell)
+        updated = (cell["tasks_updated"] or 0) + (cell["verify_tasks"] or 0)
+        assert updated == 2 * cell["replays"], (arm, cell)
+    verify = report.cell(results, "verify", case)
+    assert verify["verify_tasks"] and not verify["mismatches"] and not verify["stock_failed"]
+
+
+@engine
+def test_chunked_case_prefills_with_context_beside_running_decodes(results: dict[str, Any]) -> None:
+    """V2-Lite's long prompts went through AscendMLAImpl's context path (chunks attending to
+    earlier chunks) in steps that also held decodes, in every arm; its plain case never did."""
+    chunked = next(c for c in cases.MLA_VARIANT_CASES if c.name == CHUNKED)
+    plain = next(c for c in cases.MLA_VARIANT_CASES if c.name.startswith("deepseek-v2-lite/comp"))
+    for arm in ("eager", *GRAPH_ARMS, "control"):
+        key = chunked.reference if arm == "eager" else chunked.name
+        figures = report.runner(results[arm]["cases"][key]).get("mla_context_chunks") or {}
+        assert figures.get("with_context", 0) > 0, (arm, figures)
+        assert figures.get("beside_decodes", 0) > 0, (arm, figures)
+    figures = report.runner(results["stock"]["cases"][plain.name])
+    assert figures.get("mla_context_chunks") == {"with_context": 0, "beside_decodes": 0}
+
+
+@engine
+@pytest.mark.parametrize("case", cases.MLA_VARIANT_CASES, ids=lambda c: c.name)
+def test_negative_control_differs_from_eager(results: dict[str, Any], case: cases.Case) -> None:
+    cell = report.cell(results, "control", case)
+    assert cell["ran"] and not cell["error"] and cell["equal"] is False, cell
+
+
+def _shortfall(case: cases.Case, directory: Path, tokens: list[list[int]], **changes: Any) -> float:
+    """The most any engine token falls below transformers' best logit at its step (float64,
+    the engine's own tokens fed back)."""
+    import torch
+    import transformers
+
+    from torch_npu_sim.engine.workload import VllmWorkload
+
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    config = transformers.AutoConfig.from_pretrained(directory)
+    for key, value in changes.items():
+        setattr(config, key, value)
+    model = getattr(transformers, architecture).from_pretrained(
+        directory, config=config, dtype=torch.float64, experts_implementation="eager"
+    )
+    model.eval()
+    batch = VllmWorkload(case, graph=False).next_batch(random.Random(case.seed))
+    assert len(batch) == len(tokens)
+    worst = 0.0
+    for request, generated in zip(batch, tokens, strict=True):
+        assert len(generated) == request.max_tokens
+        ids = torch.tensor([request.prompt + generated])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(request.prompt) - 1 : -1]
+        chosen = logits.gather(1, torch.tensor(generated)[:, None])[:, 0]
+        worst = max(worst, float((logits.max(-1).values - chosen).max()))
+    return worst
+
+
+@engine
+@pytest.mark.parametrize("case", cases.MLA_VARIANT_CASES, ids=lambda c: c.name)
+def test_eager_tokens_are_transformers_greedy_choice(
+    results: dict[str, Any], root: Path, case: cases.Case
+) -> None:
+    record = results["eager"]["cases"][case.reference]
+    assert not record.get("error"), record.get("error")
+    directory = models.materialize(case.model, root / "models")
+    tokens = record["tokens"][0]
+    assert _shortfall(case, directory, tokens) <= TOLERANCE
+    # the negative control: the variant's feature changed, the engine's tokens are not its choice
+    assert _shortfall(case, directory, tokens, **CHANGED[case.name]) > 10 * TOLERANCE
