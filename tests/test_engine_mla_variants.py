@@ -42,7 +42,7 @@ TOLERANCE = 0.02
 
 #: Per case, a config change the check must see (the variant's own feature, or a stand-in):
 #: V2-Lite's routed weights as scored (a path that renormalised them would about double them,
-#: as a scaling of 2 does), Moonlight's and GLM's scaling factor, Kimi-K2's YaRN.
+#: as a scaling of 2 does), Moonlight's and GLM's scaling factor, Kimi-K2's and V2-Lite's YaRN.
 CHANGED: dict[str, dict[str, Any]] = {
     "deepseek-v2-lite/compile/decode-only": {"routed_scaling_factor": 2.0},
     "moonlight/compile/decode-only": {"routed_scaling_factor": 1.0},
@@ -51,6 +51,9 @@ CHANGED: dict[str, dict[str, Any]] = {
     },
     "glm-4.7-flash/compile/decode-only": {"routed_scaling_factor": 1.0},
     "deepseek-v2-lite/chunked-prefill/compile/decode-only": {"routed_scaling_factor": 2.0},
+    "deepseek-v2-lite-yarn/compile/decode-only": {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
+    },
 }
 CHUNKED = "deepseek-v2-lite/chunked-prefill/compile/decode-only"
 
@@ -124,9 +127,30 @@ def test_negative_control_differs_from_eager(results: dict[str, Any], case: case
     assert cell["ran"] and not cell["error"] and cell["equal"] is False, cell
 
 
-def _shortfall(case: cases.Case, directory: Path, tokens: list[list[int]], **changes: Any) -> float:
+def _yarn_softmax_factor(config: Any) -> float:
+    """YaRN's factor on the softmax scale, ``mscale(factor, mscale_all_dim)^2`` (DeepSeek's
+    ``yarn_get_mscale``), which transformers 5.5.4's ``DeepseekV2Attention`` leaves out (its
+    ``DeepseekV3Attention`` and vLLM's MLA attention apply it); 1 without YaRN."""
+    import math
+
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "yarn" or not rope.get("mscale_all_dim"):
+        return 1.0
+    factor = rope["factor"]
+    return (0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0) ** 2 if factor > 1 else 1.0
+
+
+def _shortfall(
+    case: cases.Case,
+    directory: Path,
+    tokens: list[list[int]],
+    *,
+    correct_v2_yarn: bool = True,
+    **changes: Any,
+) -> float:
     """The most any engine token falls below transformers' best logit at its step (float64,
-    the engine's own tokens fed back)."""
+    the engine's own tokens fed back). ``correct_v2_yarn``: DeepSeek-V2's attention gets YaRN's
+    softmax factor transformers leaves out (:func:`_yarn_softmax_factor`)."""
     import torch
     import transformers
 
@@ -140,6 +164,9 @@ def _shortfall(case: cases.Case, directory: Path, tokens: list[list[int]], **cha
         directory, config=config, dtype=torch.float64, experts_implementation="eager"
     )
     model.eval()
+    if correct_v2_yarn and architecture == "DeepseekV2ForCausalLM":
+        for layer in model.model.layers:
+            layer.self_attn.scaling *= _yarn_softmax_factor(config)
     batch = VllmWorkload(case, graph=False).next_batch(random.Random(case.seed))
     assert len(batch) == len(tokens)
     worst = 0.0
@@ -165,3 +192,12 @@ def test_eager_tokens_are_transformers_greedy_choice(
     assert _shortfall(case, directory, tokens) <= TOLERANCE
     # the negative control: the variant's feature changed, the engine's tokens are not its choice
     assert _shortfall(case, directory, tokens, **CHANGED[case.name]) > 10 * TOLERANCE
+    if _yarn_softmax_factor(case_config(directory)) != 1.0 and "v2" in case.model:
+        # transformers' DeepSeek-V2 as released (no YaRN factor on the softmax scale) disagrees
+        assert _shortfall(case, directory, tokens, correct_v2_yarn=False) > 10 * TOLERANCE
+
+
+def case_config(directory: Path) -> Any:
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(directory)

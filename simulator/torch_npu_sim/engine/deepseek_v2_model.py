@@ -1,19 +1,24 @@
 """Tiny MLA models of the variants users serve beside DeepSeek-V3, written as their real
-checkpoints are laid out (one tensor per expert), so vLLM 0.23.0's ``DeepseekV2ForCausalLM`` /
-``DeepseekV3ForCausalLM`` loaders read them, and transformers 5.5.4's own classes of the same
-names too (the eager engine's independent oracle: ``tests/test_engine_mla_variants.py``).
+checkpoints are laid out (one tensor per expert), so vLLM 0.23.0's loaders read them, and
+transformers 5.5.4's own classes of the same names too (the eager engine's independent oracle:
+``tests/test_engine_mla_variants.py``).
 
-- DeepSeek-V2-Lite (``deepseek_v2``): no query LoRA (``q_lora_rank: null``: the query through a
-  plain ``q_proj``, vLLM's and vllm-ascend's other MLA branch), softmax scores, greedy top-k over
-  all experts (``topk_method: greedy``, one group), weights not renormalised, two shared experts.
-- Moonlight (``deepseek_v3`` as Moonlight-16B-A3B ships it): no query LoRA either, sigmoid scores
-  with a correction bias (``noaux_tc``) but one group (``n_group: 1``, ``topk_group: 1``, as
-  Kimi-K2 too), many experts for the size, ``routed_scaling_factor`` 2.446.
+- DeepSeek-V2-Lite (``DeepseekV2ForCausalLM``): no query LoRA (``q_lora_rank: null``: the query
+  through a plain ``q_proj``, vLLM's and vllm-ascend's other MLA branch), softmax scores, greedy
+  top-k over all experts (``topk_method: greedy``, one group), weights not renormalised, two
+  shared experts. Twice: without rope scaling, and with the YaRN its real config ships
+  (transformers' ``DeepseekV2Attention`` leaves YaRN's ``mscale`` out of its softmax scale, where
+  vLLM and DeepSeek's own code put it in: the oracle corrects that one factor).
+- Moonlight (``DeepseekV3ForCausalLM`` as Moonlight-16B-A3B ships it): no query LoRA either,
+  sigmoid scores with a correction bias (``noaux_tc``) in one group (``n_group: 1``,
+  ``topk_group: 1``), many experts for the size, ``routed_scaling_factor`` 2.446.
+- Kimi-K2 (``DeepseekV3ForCausalLM``): query LoRA, one-group sigmoid routing, YaRN.
+- GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``): query LoRA, a rope-less key part narrower than the
+  value head, GLM's always-biased one-group router.
 
-Both: a dense first layer (``first_k_dense_replace: 1``) and a MoE layer, no MTP layer (neither
-checkpoint ships one), no rope scaling (the real configs' YaRN: transformers' DeepSeek-V2 leaves
-YaRN's ``mscale`` out of its softmax scale where vLLM puts it in, so the oracle would disagree by
-construction). DeepSeek-V3's tiny model (``deepseek_model``) is not touched.
+All: a dense first layer (``first_k_dense_replace: 1``) and a MoE layer, no MTP layer (only
+GLM-4.7-Flash's checkpoint ships one; it is not built here). DeepSeek-V3's tiny model
+(``deepseek_model``) is not touched.
 """
 
 from __future__ import annotations
@@ -69,6 +74,23 @@ V2_LITE_CONFIG: dict[str, Any] = {
     "scoring_func": "softmax",
     "norm_topk_prob": False,
     "routed_scaling_factor": 1.0,
+}
+
+#: DeepSeek-V2-Lite with the YaRN rope its real ``config.json`` ships (factor 40, ``mscale`` =
+#: ``mscale_all_dim`` = 0.707: cos / sin unscaled, the softmax scale times
+#: ``(0.0707 ln 40 + 1)^2``, about 1.59), otherwise :data:`V2_LITE_CONFIG`.
+V2_LITE_YARN_CONFIG: dict[str, Any] = {
+    **V2_LITE_CONFIG,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+    },
 }
 
 #: Moonlight-16B-A3B's ``config.json`` in small (a ``DeepseekV3ForCausalLM``; Kimi-K2 routes the
@@ -225,3 +247,6 @@ DEEPSEEK_V2_LITE = ModelSpec("deepseek_v2_lite", build, V2_LITE_CONFIG, branch_s
 MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
 KIMI_K2 = ModelSpec("kimi_k2", build, KIMI_K2_CONFIG, branch_scale=0.5)
 GLM47_FLASH = ModelSpec("glm47_flash", build, GLM47_FLASH_CONFIG, branch_scale=0.5)
+DEEPSEEK_V2_LITE_YARN = ModelSpec(
+    "deepseek_v2_lite_yarn", build, V2_LITE_YARN_CONFIG, branch_scale=0.5
+)

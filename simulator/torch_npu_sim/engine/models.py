@@ -20,7 +20,13 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
-from .deepseek_v2_model import DEEPSEEK_V2_LITE, GLM47_FLASH, KIMI_K2, MOONLIGHT
+from .deepseek_v2_model import (
+    DEEPSEEK_V2_LITE,
+    DEEPSEEK_V2_LITE_YARN,
+    GLM47_FLASH,
+    KIMI_K2,
+    MOONLIGHT,
+)
 from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
 
@@ -366,5 +372,6 @@ MODELS: dict[str, ModelSpec] = {
         MOONLIGHT,
         KIMI_K2,
         GLM47_FLASH,
+        DEEPSEEK_V2_LITE_YARN,
     )
 }
