@@ -18,6 +18,7 @@ fixture runs the five arms on the four cases; then, as ``test_engine.py`` does f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -51,11 +52,19 @@ CHANGED: dict[str, dict[str, Any]] = {
     },
     "glm-4.7-flash/compile/decode-only": {"routed_scaling_factor": 1.0},
     "deepseek-v2-lite/chunked-prefill/compile/decode-only": {"routed_scaling_factor": 2.0},
+    "deepseek-v2/compile/decode-only": {"routed_scaling_factor": 2.0},
     "deepseek-v2-lite-yarn/compile/decode-only": {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
     },
 }
 CHUNKED = "deepseek-v2-lite/chunked-prefill/compile/decode-only"
+#: Cases whose eager engine routes as the release does, not as the model's reference: DeepSeek-V2's
+#: group-limited greedy routing ranks each group by its best score (DeepSeek's code, vLLM's
+#: ``grouped_topk`` without a correction bias, transformers' ``DeepseekV2Moe``); vllm-ascend's
+#: fused router call passes ``group_select_mode=1`` for every model (the top-2 sum, DeepSeek-V3's
+#: ranking). The oracle ranks as the release does there, and DeepSeek-V2's own ranking must
+#: disagree (the finding, docs/engine.md), so the note cannot go stale.
+RANKED_BY_TOP2 = ("deepseek-v2/compile/decode-only",)
 
 
 @pytest.fixture(scope="module")
@@ -140,12 +149,28 @@ def _yarn_softmax_factor(config: Any) -> float:
     return (0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0) ** 2 if factor > 1 else 1.0
 
 
+def _top2_ranked(moe: Any, router_logits: Any) -> tuple[Any, Any]:
+    """``DeepseekV2Moe.route_tokens_to_experts`` with groups ranked by the sum of their two best
+    scores (the release's ``group_select_mode=1``) instead of their best one."""
+    import torch
+
+    experts = router_logits.shape[-1]
+    scores = router_logits.reshape(-1, experts).softmax(-1, dtype=torch.float32)
+    grouped = scores.view(scores.shape[0], moe.num_group, experts // moe.num_group)
+    rank = grouped.topk(2, -1).values.sum(-1)
+    kept = torch.zeros_like(rank).scatter_(1, rank.topk(moe.topk_group, -1).indices, 1.0)
+    allowed = kept.bool().repeat_interleave(experts // moe.num_group, 1)
+    weights, ids = scores.masked_fill(~allowed, 0.0).topk(moe.top_k, -1)
+    return ids, weights * moe.routed_scaling_factor
+
+
 def _shortfall(
     case: cases.Case,
     directory: Path,
     tokens: list[list[int]],
     *,
     correct_v2_yarn: bool = True,
+    rank_by_top2: bool = False,
     **changes: Any,
 ) -> float:
     """The most any engine token falls below transformers' best logit at its step (float64,
@@ -167,6 +192,12 @@ def _shortfall(
     if correct_v2_yarn and architecture == "DeepseekV2ForCausalLM":
         for layer in model.model.layers:
             layer.self_attn.scaling *= _yarn_softmax_factor(config)
+    for layer in model.model.layers:
+        if getattr(layer.mlp, "topk_method", None) == "group_limited_greedy":
+            # transformers 5.5.4's group-limited branch reads an attribute it never sets
+            layer.mlp.num_experts = config.n_routed_experts
+            if rank_by_top2:
+                layer.mlp.route_tokens_to_experts = functools.partial(_top2_ranked, layer.mlp)
     batch = VllmWorkload(case, graph=False).next_batch(random.Random(case.seed))
     assert len(batch) == len(tokens)
     worst = 0.0
@@ -189,9 +220,13 @@ def test_eager_tokens_are_transformers_greedy_choice(
     assert not record.get("error"), record.get("error")
     directory = models.materialize(case.model, root / "models")
     tokens = record["tokens"][0]
-    assert _shortfall(case, directory, tokens) <= TOLERANCE
+    top2 = case.name in RANKED_BY_TOP2
+    assert _shortfall(case, directory, tokens, rank_by_top2=top2) <= TOLERANCE
+    if top2:  # DeepSeek-V2's own group ranking: the release routes otherwise
+        assert _shortfall(case, directory, tokens) > 10 * TOLERANCE
     # the negative control: the variant's feature changed, the engine's tokens are not its choice
-    assert _shortfall(case, directory, tokens, **CHANGED[case.name]) > 10 * TOLERANCE
+    changed = CHANGED[case.name]
+    assert _shortfall(case, directory, tokens, rank_by_top2=top2, **changed) > 10 * TOLERANCE
     if _yarn_softmax_factor(case_config(directory)) != 1.0 and "v2" in case.model:
         # transformers' DeepSeek-V2 as released (no YaRN factor on the softmax scale) disagrees
         assert _shortfall(case, directory, tokens, correct_v2_yarn=False) > 10 * TOLERANCE

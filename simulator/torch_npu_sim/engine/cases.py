@@ -508,6 +508,9 @@ MLA_VARIANT_CASES: tuple[Case, ...] = (
     Case("glm-4.7-flash/compile/decode-only", model="glm47_flash"),
     # V2-Lite with the YaRN rope its real config ships (mscale 0.707 in the softmax scale).
     Case("deepseek-v2-lite-yarn/compile/decode-only", model="deepseek_v2_lite_yarn"),
+    # DeepSeek-V2 (full): group-limited greedy softmax routing, no correction bias. The release's
+    # fused router ranks groups by their top-2 sum, not their best score (docs/engine.md).
+    Case("deepseek-v2/compile/decode-only", model="deepseek_v2"),
     # V2-Lite's long prompts prefilled in chunks of 32 tokens beside running decodes (bfloat16,
     # as DeepSeek-V3's chunked case: the context path's FIA needs it): each later chunk's plain
     # q_proj query attends to the earlier chunks' latents through AscendMLAImpl's context path.

@@ -9,6 +9,7 @@ transformers 5.5.4's own classes of the same names too (the eager engine's indep
   shared experts. Twice: without rope scaling, and with the YaRN its real config ships
   (transformers' ``DeepseekV2Attention`` leaves YaRN's ``mscale`` out of its softmax scale, where
   vLLM and DeepSeek's own code put it in: the oracle corrects that one factor).
+- DeepSeek-V2 (``DeepseekV2ForCausalLM``): query LoRA, softmax group-limited greedy routing.
 - Moonlight (``DeepseekV3ForCausalLM`` as Moonlight-16B-A3B ships it): no query LoRA either,
   sigmoid scores with a correction bias (``noaux_tc``) in one group (``n_group: 1``,
   ``topk_group: 1``), many experts for the size, ``routed_scaling_factor`` 2.446.
@@ -91,6 +92,20 @@ V2_LITE_YARN_CONFIG: dict[str, Any] = {
         "mscale_all_dim": 0.707,
         "original_max_position_embeddings": 4096,
     },
+}
+
+#: DeepSeek-V2 (the full model, not Lite) in small: query LoRA, softmax scores, and
+#: **group-limited** greedy routing (``topk_method: group_limited_greedy``: groups ranked by their
+#: best expert's score, the best ``topk_group`` kept; no correction bias), 4 groups of 8 experts,
+#: 1 group and top 4 per token (the real one: 8 groups of 20, 3 groups, top 6), scaling 1.
+V2_CONFIG: dict[str, Any] = {
+    **V2_LITE_CONFIG,
+    "q_lora_rank": 96,
+    "n_routed_experts": 32,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 1,
+    "topk_method": "group_limited_greedy",
 }
 
 #: Moonlight-16B-A3B's ``config.json`` in small (a ``DeepseekV3ForCausalLM``; Kimi-K2 routes the
@@ -247,6 +262,7 @@ DEEPSEEK_V2_LITE = ModelSpec("deepseek_v2_lite", build, V2_LITE_CONFIG, branch_s
 MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
 KIMI_K2 = ModelSpec("kimi_k2", build, KIMI_K2_CONFIG, branch_scale=0.5)
 GLM47_FLASH = ModelSpec("glm47_flash", build, GLM47_FLASH_CONFIG, branch_scale=0.5)
+DEEPSEEK_V2 = ModelSpec("deepseek_v2", build, V2_CONFIG, branch_scale=0.5)
 DEEPSEEK_V2_LITE_YARN = ModelSpec(
     "deepseek_v2_lite_yarn", build, V2_LITE_YARN_CONFIG, branch_scale=0.5
 )

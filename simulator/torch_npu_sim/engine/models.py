@@ -21,6 +21,7 @@ from typing import Any
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
 from .deepseek_v2_model import (
+    DEEPSEEK_V2,
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V2_LITE_YARN,
     GLM47_FLASH,
@@ -373,5 +374,6 @@ MODELS: dict[str, ModelSpec] = {
         KIMI_K2,
         GLM47_FLASH,
         DEEPSEEK_V2_LITE_YARN,
+        DEEPSEEK_V2,
     )
 }
