@@ -1,10 +1,10 @@
 """The MLA variants users serve beside DeepSeek-V3, on the real engine (``cases.MLA_VARIANT_CASES``:
-DeepSeek-V2-Lite, Moonlight, Kimi-K2, GLM-4.7-Flash in small, ``engine/deepseek_v2_model.py``,
-and V2-Lite with its long prompts prefilled in chunks beside running decodes).
+DeepSeek-V2-Lite (also with its YaRN, and with long prompts prefilled in chunks beside running
+decodes), DeepSeek-V2, Moonlight, Kimi-K2 and GLM-4.7-Flash in small, ``engine/deepseek_v2_model``).
 
 Optional, like the cases (the suite is at its time budget: about five minutes on two cores):
 ``TORCH_NPU_SIM_MLA_VARIANTS=1 python -m pytest tests/test_engine_mla_variants.py``. One module
-fixture runs the five arms on the four cases; then, as ``test_engine.py`` does for its cases:
+fixture runs the five arms on the seven cases; then, as ``test_engine.py`` does for its cases:
 
 - every graph arm (stock, overlay, verify) gives eager's tokens, the overlay owns every captured
   graph and makes every update, verify finds no mismatch, and the negative control (relaunches
@@ -13,7 +13,10 @@ fixture runs the five arms on the four cases; then, as ``test_engine.py`` does f
   (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``, ``Glm4MoeLiteForCausalLM``), in float64
   and fed the engine's tokens, ranks each of them first, within :data:`TOLERANCE` of its best
   logit (the MLA prefill runs in bfloat16, as on hardware: near-ties may flip). Its negative
-  control changes the one feature each variant adds and the same check must fail.
+  control changes the one feature each variant adds and the same check must fail. Two
+  departures, each asserted both ways: DeepSeek-V2's YaRN softmax factor, which transformers
+  leaves out (:func:`_yarn_softmax_factor`), and DeepSeek-V2's group ranking, which the release
+  replaces (:data:`RANKED_BY_TOP2`).
 """
 
 from __future__ import annotations
