@@ -1,14 +1,15 @@
 """The MLA variants users serve beside DeepSeek-V3, on the real engine (``cases.MLA_VARIANT_CASES``:
 DeepSeek-V2-Lite (also with its YaRN, and with long prompts prefilled in chunks beside running
-decodes), DeepSeek-V2, Moonlight, Kimi-K2 and GLM-4.7-Flash in small, ``engine/deepseek_v2_model``).
+decodes), DeepSeek-V2, Moonlight, Kimi-K2 and GLM-4.7-Flash (also with its MTP layer as the draft)
+in small, ``engine/deepseek_v2_model``).
 
 Optional, like the cases (the suite is at its time budget: about five minutes on two cores):
 ``TORCH_NPU_SIM_MLA_VARIANTS=1 python -m pytest tests/test_engine_mla_variants.py``. One module
-fixture runs the five arms on the seven cases; then, as ``test_engine.py`` does for its cases:
+fixture runs the five arms on the eight cases; then, as ``test_engine.py`` does for its cases:
 
 - every graph arm (stock, overlay, verify) gives eager's tokens, the overlay owns every captured
   graph and makes every update, verify finds no mismatch, and the negative control (relaunches
-  skipped) differs;
+  skipped) differs; the MTP draft's acceptance equals eager's in every graph arm;
 - the eager engine is independently right: transformers 5.5.4's own class of each checkpoint
   (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``, ``Glm4MoeLiteForCausalLM``), in float64
   and fed the engine's tokens, ranks each of them first, within :data:`TOLERANCE` of its best
@@ -56,6 +57,7 @@ CHANGED: dict[str, dict[str, Any]] = {
     "glm-4.7-flash/compile/decode-only": {"routed_scaling_factor": 1.0},
     "deepseek-v2-lite/chunked-prefill/compile/decode-only": {"routed_scaling_factor": 2.0},
     "deepseek-v2/compile/decode-only": {"routed_scaling_factor": 2.0},
+    "glm-4.7-flash+mtp/k1/compile/decode-only": {"routed_scaling_factor": 1.0},
     "deepseek-v2-lite-yarn/compile/decode-only": {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
     },
@@ -68,6 +70,10 @@ CHUNKED = "deepseek-v2-lite/chunked-prefill/compile/decode-only"
 #: ranking). The oracle ranks as the release does there, and DeepSeek-V2's own ranking must
 #: disagree (the finding, docs/engine.md), so the note cannot go stale.
 RANKED_BY_TOP2 = ("deepseek-v2/compile/decode-only",)
+#: Drafts the release runs eagerly beside the target's graphs ("GLM series models with
+#: speculative decoding currently do not support graph mode. The draft model has been
+#: automatically switched to eager mode", ``spec_decode/llm_base_proposer.py:227``).
+EAGER_DRAFTS = ("glm-4.7-flash+mtp/k1/compile/decode-only",)
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +115,29 @@ def test_graph_arms_equal_eager_and_the_overlay_owns_every_graph(
         if arm == "stock":
             assert cell["graphs_owned"] in (None, 0), cell
             continue
+        updated = (cell["tasks_updated"] or 0) + (cell["verify_tasks"] or 0)
+        if case.draft and case.name not in EAGER_DRAFTS:  # target and draft graph per size
+            assert cell["graphs_owned"] == 2 * len(case.capture_sizes), (arm, cell)
+            assert cell["replays"] < updated < 2 * cell["replays"], (arm, cell)
+            continue
         # FULL_DECODE_ONLY sizes 1, 2, 4: three graphs, each replay's two MLA tasks updated
         assert cell["graphs_owned"] == len(case.capture_sizes), (arm, cell)
-        updated = (cell["tasks_updated"] or 0) + (cell["verify_tasks"] or 0)
         assert updated == 2 * cell["replays"], (arm, cell)
     verify = report.cell(results, "verify", case)
     assert verify["verify_tasks"] and not verify["mismatches"] and not verify["stock_failed"]
+
+
+@engine
+def test_the_draft_is_accepted_equally_in_every_graph_arm(results: dict[str, Any]) -> None:
+    """Tokens alone cannot show a wrong draft graph (speculative decoding is lossless): the
+    acceptance must equal eager's, and eager must accept drafts."""
+    for case in (c for c in cases.MLA_VARIANT_CASES if c.draft):
+        want = results["eager"]["cases"][case.reference].get("spec") or {}
+        assert want.get("accepted_tokens"), (case.name, want)
+        for arm in GRAPH_ARMS:
+            got = results[arm]["cases"][case.name].get("spec") or {}
+            for key in ("accepted_tokens", "draft_tokens"):
+                assert got.get(key) == want[key], (case.name, arm, got, want)
 
 
 @engine

@@ -511,6 +511,8 @@ MLA_VARIANT_CASES: tuple[Case, ...] = (
     # DeepSeek-V2 (full): group-limited greedy softmax routing, no correction bias. The release's
     # fused router ranks groups by their top-2 sum, not their best score (docs/engine.md).
     Case("deepseek-v2/compile/decode-only", model="deepseek_v2"),
+    # GLM-4.7-Flash with its MTP layer as the draft (a guesser), k = 1.
+    _mtp("glm-4.7-flash+mtp/k1/compile/decode-only", "glm47_flash_mtp", 1),
     # V2-Lite's long prompts prefilled in chunks of 32 tokens beside running decodes (bfloat16,
     # as DeepSeek-V3's chunked case: the context path's FIA needs it): each later chunk's plain
     # q_proj query attends to the earlier chunks' latents through AscendMLAImpl's context path.

@@ -182,6 +182,18 @@ GLM47_FLASH_CONFIG: dict[str, Any] = {
 }
 
 
+#: GLM-4.7-Flash with its MTP layer (``num_nextn_predict_layers: 1``, vLLM's
+#: ``Glm4MoeLiteMTP`` through vllm-ascend's MTP proposer): latent and query LoRA as wide as the
+#: hidden state, so the MTP layer can be a guesser (:func:`_guessing_mtp_layer`); otherwise
+#: :data:`GLM47_FLASH_CONFIG` (its narrower-key, wider-value heads kept).
+GLM47_FLASH_MTP_CONFIG: dict[str, Any] = {
+    **GLM47_FLASH_CONFIG,
+    "q_lora_rank": HIDDEN,
+    "kv_lora_rank": HIDDEN,
+    "num_nextn_predict_layers": 1,
+}
+
+
 def _biased_router(cfg: dict[str, Any]) -> bool:
     """Whether the router has an ``e_score_correction_bias``: DeepSeek's ``noaux_tc``, and GLM's
     always."""
@@ -241,6 +253,9 @@ def build(spec: ModelSpec, directory: Path) -> None:
         tensors.update(_mlp(p + "mlp.shared_experts.", matrix, h, shared, branch))
     tensors["model.norm.weight"] = norm(h)
     tensors["lm_head.weight"] = matrix(cfg["vocab_size"], h, 4.0)
+    n_layers = cfg["num_hidden_layers"]
+    for i in range(n_layers, n_layers + cfg.get("num_nextn_predict_layers", 0)):
+        tensors.update(_guessing_mtp_layer(f"model.layers.{i}.", tensors, generator, cfg))
     save_file(
         {k: v.float().contiguous() for k, v in tensors.items()},
         directory / "model.safetensors",
@@ -248,6 +263,71 @@ def build(spec: ModelSpec, directory: Path) -> None:
     )
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     save_tokenizer(directory)
+
+
+def _guessing_mtp_layer(prefix: str, target: dict, generator: Any, cfg: dict) -> dict:
+    """An MTP layer that guesses the token after its input token, as DeepSeek-V3's tiny one
+    does (``deepseek_model``), for heads whose rope-less key part and value head differ in width:
+    the latent of a position is an orthogonal map ``A`` of the normed token embedding; head ``i``
+    owns latent channels ``[w i, w (i + 1))`` (``w`` = hidden / heads); its query (scaled) and
+    key read them in the first ``w`` rope-less channels, its value maps them back through ``A^T``
+    in its first ``w`` channels, and ``o_proj`` puts them back in place: attending to its own
+    position, the layer passes the embedding through. The MoE is silent, the target's final norm
+    and head read the result."""
+    import torch
+
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rope, v_head = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    w = h // heads
+    assert cfg["kv_lora_rank"] == cfg["q_lora_rank"] == h and w <= min(nope, v_head), (
+        "the guesser maps the embedding onto the latent and back: the widths must allow it"
+    )
+    orthogonal, _ = torch.linalg.qr(torch.randn(h, h, generator=generator))
+    eye = torch.eye(h)
+    query_scale = 5.0
+    q_b = torch.zeros(heads * (nope + rope), h)
+    kv_b = torch.zeros(heads * (nope + v_head), h)
+    o_proj = torch.zeros(h, heads * v_head)
+    for head in range(heads):
+        select = eye[head * w : (head + 1) * w]
+        q_b[head * (nope + rope) : head * (nope + rope) + w] = query_scale * select
+        base = head * (nope + v_head)
+        kv_b[base : base + w] = select  # keys
+        kv_b[base + nope : base + nope + w] = select @ orthogonal.T  # values: latent -> embedding
+        o_proj[head * w : (head + 1) * w, head * v_head : head * v_head + w] = torch.eye(w)
+    a = prefix + "self_attn."
+    experts, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    tensors = {
+        prefix + "embed_tokens.weight": target["model.embed_tokens.weight"].clone(),
+        prefix + "enorm.weight": torch.ones(h),
+        prefix + "hnorm.weight": torch.zeros(h),
+        prefix + "eh_proj.weight": torch.cat([0.1 * eye, torch.zeros(h, h)], 1),
+        prefix + "shared_head.norm.weight": target["model.norm.weight"].clone(),
+        prefix + "shared_head.head.weight": target["lm_head.weight"].clone(),
+        a + "q_a_proj.weight": orthogonal.clone(),
+        a + "q_a_layernorm.weight": torch.ones(h),
+        a + "q_b_proj.weight": q_b,
+        a + "kv_a_proj_with_mqa.weight": torch.cat([orthogonal, torch.zeros(rope, h)]),
+        a + "kv_a_layernorm.weight": torch.ones(h),
+        a + "kv_b_proj.weight": kv_b,
+        a + "o_proj.weight": o_proj,
+        prefix + "input_layernorm.weight": torch.ones(h),
+        prefix + "post_attention_layernorm.weight": torch.ones(h),
+        prefix + "mlp.gate.weight": torch.zeros(experts, h),
+        prefix + "mlp.gate.e_score_correction_bias": torch.zeros(experts),
+    }
+    shared = inter * cfg["n_shared_experts"]
+    for expert, size in [
+        *((f"experts.{e}", inter) for e in range(experts)),
+        ("shared_experts", shared),
+    ]:
+        for name, shape in (
+            ("gate_proj", (size, h)),
+            ("up_proj", (size, h)),
+            ("down_proj", (h, size)),
+        ):
+            tensors[f"{prefix}mlp.{expert}.{name}.weight"] = torch.zeros(shape)
+    return tensors
 
 
 def _mlp(prefix: str, matrix: Any, h: int, inter: int, branch: float) -> dict:
@@ -263,6 +343,7 @@ MOONLIGHT = ModelSpec("moonlight", build, MOONLIGHT_CONFIG, branch_scale=0.5)
 KIMI_K2 = ModelSpec("kimi_k2", build, KIMI_K2_CONFIG, branch_scale=0.5)
 GLM47_FLASH = ModelSpec("glm47_flash", build, GLM47_FLASH_CONFIG, branch_scale=0.5)
 DEEPSEEK_V2 = ModelSpec("deepseek_v2", build, V2_CONFIG, branch_scale=0.5)
+GLM47_FLASH_MTP = ModelSpec("glm47_flash_mtp", build, GLM47_FLASH_MTP_CONFIG, branch_scale=0.5)
 DEEPSEEK_V2_LITE_YARN = ModelSpec(
     "deepseek_v2_lite_yarn", build, V2_LITE_YARN_CONFIG, branch_scale=0.5
 )

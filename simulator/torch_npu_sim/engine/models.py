@@ -25,6 +25,7 @@ from .deepseek_v2_model import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V2_LITE_YARN,
     GLM47_FLASH,
+    GLM47_FLASH_MTP,
     KIMI_K2,
     MOONLIGHT,
 )
@@ -375,5 +376,6 @@ MODELS: dict[str, ModelSpec] = {
         GLM47_FLASH,
         DEEPSEEK_V2_LITE_YARN,
         DEEPSEEK_V2,
+        GLM47_FLASH_MTP,
     )
 }
