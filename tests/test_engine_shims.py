@@ -87,6 +87,52 @@ def test_context_chunk_buffers_are_allocated_unpinned_inside_the_shim_only() -> 
     assert counted["beside_decodes"] == before["beside_decodes"] + 1
 
 
+def test_yarn_rope_caches_are_built_on_the_host_and_match_transformers() -> None:
+    """``AscendDeepseekScalingRotaryEmbedding`` (YaRN ``rope_scaling``: DeepSeek-V3, Kimi-K2)
+    builds its cos / sin caches with ``device="npu"`` at layer init: CPU torch has no allocator
+    by that name (what stopped the Kimi-K2 case's start before the shim). With the shim, the
+    caches are host tensors, and they are YaRN's: transformers' own YaRN init (its inverse
+    frequencies and attention factor) gives the same cos / sin."""
+    import importlib
+
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    importlib.import_module("vllm_ascend.ops")  # import order (circular import otherwise)
+    rope = importlib.import_module("vllm_ascend.ops.rotary_embedding")
+    owner = rope.AscendDeepseekScalingRotaryEmbedding
+    assert getattr(owner._set_cos_sin_cache, hooks.MARK, False)
+    yarn = {"beta_fast": 1.0, "beta_slow": 1.0, "mscale": 0.707}
+    with set_current_vllm_config(VllmConfig()):
+        built = owner(16, 16, 64, 50000, False, 4.0, torch.float32, **yarn, mscale_all_dim=1.0)
+    assert built.cos_cached.device.type == "cpu" and built.cos_cached.shape == (256, 16)
+    config = DeepseekV3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        qk_rope_head_dim=16,
+        max_position_embeddings=256,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 50000.0,
+            "factor": 4.0,
+            **yarn,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    angles = torch.outer(torch.arange(256, dtype=torch.float64), inv_freq.double())
+    angles = torch.cat([angles, angles], -1)
+    assert factor != 1.0  # mscale 0.707 against mscale_all_dim 1: the caches are scaled
+    # float32 angles up to 255 rad against float64 ones: a few 1e-6 apart
+    for got, want in ((built.cos_cached, angles.cos()), (built.sin_cached, angles.sin())):
+        torch.testing.assert_close(got.double(), want * factor, atol=1e-5, rtol=0)
+    # the negative control: the release's own method, unshimmed, cannot allocate on "npu"
+    with pytest.raises(NotImplementedError, match="npu"):
+        owner._set_cos_sin_cache.__wrapped__(built, 32, device="npu", dtype=torch.float32)
+
+
 def test_no_shim_without_the_simulator(tmp_path: Path) -> None:
     """A real torch_npu on the path: the finder refuses, install() never runs, nothing is
     shimmed (a stand-in package plays the real torch_npu; no vLLM import needed)."""

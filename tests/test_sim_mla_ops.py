@@ -277,6 +277,65 @@ def test_the_a2_router_routes_as_deepseek_v3(gen: torch.Generator) -> None:
     _same_routing(weights, ids, deepseek_routing_oracle(logits, bias, 2, 2, 1, 2.5))
 
 
+@pytest.mark.parametrize(
+    ("variant", "k", "experts", "renorm", "norm_type", "scale", "biased"),
+    [
+        # DeepSeek-V2-Lite: softmax, greedy over all experts (one group), weights as scored
+        ("deepseek-v2-lite", 3, 8, 0, 0, 1.0, False),
+        # Moonlight / Kimi-K2: sigmoid with a correction bias, one group, renormalised and scaled
+        ("moonlight", 6, 16, 1, 1, 2.446, True),
+        ("kimi-k2", 8, 32, 1, 1, 2.827, True),
+    ],
+)
+def test_the_a2_router_routes_the_mla_variants(
+    gen: torch.Generator,
+    variant: str,
+    k: int,
+    experts: int,
+    renorm: int,
+    norm_type: int,
+    scale: float,
+    biased: bool,
+) -> None:
+    """The A2 router as ``experts_selector._select_experts_with_fusion_ops`` calls it for the
+    optional MLA variants' routing (``n_group: 1``: ``group_count`` 1, ``k_group`` 1), against
+    the per-token oracle; the negative control: the other ``renorm`` gives other weights."""
+    from torch_npu_sim.engine import ascend_c_ops
+
+    ascend_c_ops.install()
+    logits = torch.randn(9, experts, generator=gen)
+    bias = 0.5 * torch.randn(experts, generator=gen) if biased else None
+
+    def route(renormalise: int) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids, _ = torch.ops._C_ascend.moe_gating_top_k(
+            logits,
+            k=k,
+            k_group=1,
+            group_count=1,
+            group_select_mode=1,
+            renorm=renormalise,
+            norm_type=norm_type,
+            out_flag=False,
+            routed_scaling_factor=scale,
+            eps=1e-20,
+            bias_opt=bias,
+        )
+        return weights, ids
+
+    want = deepseek_routing_oracle(
+        logits,
+        torch.zeros(experts) if bias is None else bias,
+        k,
+        1,
+        1,
+        scale,
+        softmax=norm_type == 0,
+    )
+    _same_routing(*route(renorm), want)
+    with pytest.raises(AssertionError):
+        _same_routing(*route(1 - renorm), want)
+
+
 # --- MLA decode attention: FIA v2 with the rope split --------------------------------------------
 
 

@@ -558,3 +558,35 @@ OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(case.name for case in QWEN3
 ALL_CASES = (*ALL_CASES, *QWEN3_NEXT_CASES)
 
 # --- end of Qwen3-Next ------------------------------------------------------------------------
+
+
+# --- MLA variants beside DeepSeek-V3 (engine/deepseek_v2_model.py; docs/engine.md) -----------
+#: Optional cases (the suite is at its time budget): ``python -m torch_npu_sim.engine.arms
+#: --cases NAME``. DeepSeek-V2-Lite: no query LoRA (``q_proj``), softmax greedy routing;
+#: Moonlight: a ``DeepseekV3ForCausalLM`` without query LoRA, sigmoid routing in one group.
+MLA_VARIANT_CASES: tuple[Case, ...] = (
+    Case("deepseek-v2-lite/compile/decode-only", model="deepseek_v2_lite"),
+    Case("moonlight/compile/decode-only", model="moonlight"),
+    Case("kimi-k2/compile/decode-only", model="kimi_k2"),
+    Case("glm-4.7-flash/compile/decode-only", model="glm47_flash"),
+    # V2-Lite with the YaRN rope its real config ships (mscale 0.707 in the softmax scale).
+    Case("deepseek-v2-lite-yarn/compile/decode-only", model="deepseek_v2_lite_yarn"),
+    # DeepSeek-V2 (full): group-limited greedy softmax routing, no correction bias. The release's
+    # fused router ranks groups by their top-2 sum, not their best score (docs/engine.md).
+    Case("deepseek-v2/compile/decode-only", model="deepseek_v2"),
+    # GLM-4.7-Flash with its MTP layer as the draft (a guesser), k = 1.
+    _mtp("glm-4.7-flash+mtp/k1/compile/decode-only", "glm47_flash_mtp", 1),
+    # V2-Lite's long prompts prefilled in chunks of 32 tokens beside running decodes (bfloat16,
+    # as DeepSeek-V3's chunked case: the context path's FIA needs it): each later chunk's plain
+    # q_proj query attends to the earlier chunks' latents through AscendMLAImpl's context path.
+    Case(
+        "deepseek-v2-lite/chunked-prefill/compile/decode-only",
+        model="deepseek_v2_lite",
+        chunk_tokens=32,
+        dtype="bfloat16",
+    ),
+)
+OPTIONAL_CASES = (*OPTIONAL_CASES, *MLA_VARIANT_CASES)
+ALL_CASES = (*ALL_CASES, *MLA_VARIANT_CASES)
+OPTIONAL_CONTROL_CASES = (*OPTIONAL_CONTROL_CASES, *(c.name for c in MLA_VARIANT_CASES))
+# --- end of MLA variants ----------------------------------------------------------------------

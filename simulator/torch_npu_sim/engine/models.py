@@ -20,6 +20,15 @@ from typing import Any
 
 from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
 from .deepseek_model import DEEPSEEK_V3
+from .deepseek_v2_model import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V2_LITE,
+    DEEPSEEK_V2_LITE_YARN,
+    GLM47_FLASH,
+    GLM47_FLASH_MTP,
+    KIMI_K2,
+    MOONLIGHT,
+)
 from .qwen3_next_model import QWEN3_NEXT, QWEN3_NEXT_TWO_GROUPS, QWEN3_NEXT_WIDE
 from .qwen35_model import QWEN35, QWEN35_MOE, QWEN35_TWO_GROUPS
 from .step3p5_model import STEP3P5
@@ -365,5 +374,14 @@ MODELS: dict[str, ModelSpec] = {
         QWEN3_NEXT,
         QWEN3_NEXT_TWO_GROUPS,
         QWEN3_NEXT_WIDE,
+        # --- MLA variants (their own module): DeepSeek-V2-Lite (no query LoRA, softmax greedy
+        # routing) and Moonlight (no query LoRA, sigmoid routing in one group, scaling 2.446).
+        DEEPSEEK_V2_LITE,
+        MOONLIGHT,
+        KIMI_K2,
+        GLM47_FLASH,
+        DEEPSEEK_V2_LITE_YARN,
+        DEEPSEEK_V2,
+        GLM47_FLASH_MTP,
     )
 }

@@ -287,6 +287,22 @@ V2_RUNNER_SHIMS: tuple[Shim, ...] = (
 # --- end of VLLM_USE_V2_MODEL_RUNNER ------------------------------------------------------------
 
 
+# --- YaRN rope (DeepSeek-V3 / Kimi-K2 style ``rope_scaling``): its cos / sin caches ----------
+
+YARN_ROPE_SHIMS: tuple[Shim, ...] = (
+    Shim(
+        "vllm_ascend.ops.rotary_embedding",
+        "AscendDeepseekScalingRotaryEmbedding._set_cos_sin_cache",
+        _on_host,
+        'the YaRN rope builds its cos / sin caches with device="npu" at layer init (an allocator '
+        "on hardware); the simulated device is CPU memory, which CPU torch cannot reach by that "
+        "name",
+    ),
+)
+
+# --- end of YaRN rope ---------------------------------------------------------------------------
+
+
 SHIMS: tuple[Shim, ...] = (
     Shim(
         "vllm_ascend.worker.worker",
@@ -335,6 +351,7 @@ SHIMS: tuple[Shim, ...] = (
     ),
     *MLA_CHUNKED_PREFILL_SHIMS,
     *V2_RUNNER_SHIMS,
+    *YARN_ROPE_SHIMS,
 )
 
 _applied = False
