@@ -8,10 +8,12 @@ for a task-group run is which launch arguments it reads: those of the last updat
 before it. The happens-before detector names, for every ``update`` race, the run it overtakes.
 So the same deterministic program runs twice:
 
-1. **record** (the detector on): each ``update`` race as (task group handle, index of the run it
+1. **record** (the detector on): each ``update`` race as (task group, index of the run it
    overtakes, index of the update), and each update's host values: the launch arguments a device
    task keeps as values (Python scalars and lists, and ``runtime.HOST_ARGS`` tensors such as PA's
-   ``context_lens``), by handle and update index (:func:`Recorder.prophecy`).
+   ``context_lens``), by task group and update index (:func:`Recorder.prophecy`). A task group is
+   named by its ordinal since the runtime's reset (handle ids run on across resets; ordinals
+   repeat in a program that repeats itself).
 2. **replay** (``TORCH_NPU_SIM_PROPHECY`` names pass 1's prophecy): each of those runs executes
    with the host values of the update that overtakes it; every such update, when this pass
    reaches it, is compared with what pass 1 recorded. A program that did not repeat itself (other
@@ -108,7 +110,7 @@ def rank_key() -> str:
 
 
 class Recorder:
-    """Pass 1: every completed update's host values, by handle and update index."""
+    """Pass 1: every completed update's host values, by task group ordinal and update index."""
 
     def __init__(self) -> None:
         self.updates: dict[tuple[int, int], dict] = {}
