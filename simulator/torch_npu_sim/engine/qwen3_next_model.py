@@ -31,8 +31,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
-from .qwen35_model import HEAD_DIM, HEADS, KV_HEADS, guessing_layer
+from .checkpoints import HIDDEN, ModelSpec, save_tokenizer
+from .qwen35_model import guessing_layer, text_config
 
 LINEAR, FULL = "linear_attention", "full_attention"
 #: Routed experts (softmax top 2 of 4, renormalised) and a gated shared expert, every layer.
@@ -41,39 +41,22 @@ EXPERTS, TOP_K, EXPERT_INTER, SHARED_INTER = 4, 2, 64, 64
 
 def config(layer_types: list[str], mtp: bool, **changes: Any) -> dict[str, Any]:
     """``Qwen3NextConfig`` keyword arguments for a tiny model with ``layer_types`` (and
-    ``changes``)."""
+    ``changes``): Qwen3.5's tiny text config (the same GDN and attention sizes) with a MoE block in
+    every layer and Qwen3-Next's rotary."""
     return {
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": 256,
-        "num_hidden_layers": len(layer_types),
-        "layer_types": layer_types,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64,
-        "linear_conv_kernel_dim": 4,
+        **text_config(layer_types),
         "num_experts": EXPERTS,
         "num_experts_per_tok": TOP_K,
         "moe_intermediate_size": EXPERT_INTER,
         "shared_expert_intermediate_size": SHARED_INTER,
         "decoder_sparse_step": 1,
         "norm_topk_prob": True,
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
         # Qwen3-Next's rotary: a quarter of each head rotated (NeoX halves), one position stream.
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
             "partial_rotary_factor": 0.25,
         },
-        # Ids the prompts never hold (the engine tests draw prompt tokens from 3 up).
-        "eos_token_id": 1,
-        "bos_token_id": 2,
         "mtp": mtp,
         **changes,
     }
