@@ -66,4 +66,25 @@ def save_tokenizer(directory: Path) -> None:
     fast.save_pretrained(directory)
 
 
-__all__ = ["HIDDEN", "RECIPE_VERSION", "VOCAB", "ModelSpec", "save_tokenizer"]
+def save_checkpoint(directory: Path, tensors: dict[str, Any], config: dict[str, Any]) -> None:
+    """A checkpoint written by hand (the families transformers does not build here): the tensors
+    in float32 as ``model.safetensors``, ``config.json`` and the byte-level tokenizer."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {k: v.float().contiguous() for k, v in tensors.items()},
+        directory / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    save_tokenizer(directory)
+
+
+__all__ = [
+    "HIDDEN",
+    "RECIPE_VERSION",
+    "VOCAB",
+    "ModelSpec",
+    "save_checkpoint",
+    "save_tokenizer",
+]

@@ -21,11 +21,10 @@ newest key (a stale kv length or block table) attends elsewhere and loses that a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_checkpoint
 
 HEADS = 4
 #: The latent (kv-LoRA) and the query LoRA are as wide as the hidden state: the MTP guesser maps
@@ -79,7 +78,6 @@ CONFIG: dict[str, Any] = {
 def build(spec: ModelSpec, directory: Path) -> None:
     """Write config, tokenizer and seeded weights for ``spec`` (config: :data:`CONFIG`)."""
     import torch
-    from safetensors.torch import save_file
 
     cfg = spec.config
     h, n_layers = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -115,13 +113,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
     tensors["lm_head.weight"] = matrix(cfg["vocab_size"], h, 4.0)
     for i in range(n_layers, n_layers + cfg["num_nextn_predict_layers"]):
         tensors.update(_guessing_mtp_layer(f"model.layers.{i}.", tensors, generator, cfg))
-    save_file(
-        {k: v.float().contiguous() for k, v in tensors.items()},
-        directory / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_tokenizer(directory)
+    save_checkpoint(directory, tensors, cfg)
 
 
 def _attention(a: str, matrix: Any, norm: Any, h: int, branch: float) -> dict:

@@ -24,11 +24,10 @@ GLM-4.7-Flash's checkpoint ships one; it is not built here). DeepSeek-V3's tiny 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_checkpoint
 
 HEADS = 4
 NOPE, ROPE, V_HEAD = 32, 16, 32
@@ -203,7 +202,6 @@ def _biased_router(cfg: dict[str, Any]) -> bool:
 def build(spec: ModelSpec, directory: Path) -> None:
     """Write config, tokenizer and seeded weights for ``spec`` (any of this module's configs)."""
     import torch
-    from safetensors.torch import save_file
 
     cfg = spec.config
     h = cfg["hidden_size"]
@@ -256,13 +254,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
     n_layers = cfg["num_hidden_layers"]
     for i in range(n_layers, n_layers + cfg.get("num_nextn_predict_layers", 0)):
         tensors.update(_guessing_mtp_layer(f"model.layers.{i}.", tensors, generator, cfg))
-    save_file(
-        {k: v.float().contiguous() for k, v in tensors.items()},
-        directory / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_tokenizer(directory)
+    save_checkpoint(directory, tensors, cfg)
 
 
 def _guessing_mtp_layer(prefix: str, target: dict, generator: Any, cfg: dict) -> dict:

@@ -21,11 +21,10 @@ block table) attends elsewhere and loses that agreement.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_tokenizer
+from .checkpoints import HIDDEN, VOCAB, ModelSpec, save_checkpoint
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 EXPERTS, MOE_INTER, INTER = 4, 64, 256
@@ -70,7 +69,6 @@ CONFIG: dict[str, Any] = {
 def build(spec: ModelSpec, directory: Path) -> None:
     """Write config, tokenizer and seeded weights for ``spec`` (config: :data:`CONFIG`)."""
     import torch
-    from safetensors.torch import save_file
 
     cfg = spec.config
     h, n_layers, n_mtp = (
@@ -109,13 +107,7 @@ def build(spec: ModelSpec, directory: Path) -> None:
     tensors["lm_head.weight"] = matrix(cfg["vocab_size"], h, 4.0)
     for i in range(n_layers, n_layers + n_mtp):
         tensors.update(_guessing_mtp_layer(f"model.layers.{i}.", tensors, generator, h))
-    save_file(
-        {k: v.float().contiguous() for k, v in tensors.items()},
-        directory / "model.safetensors",
-        metadata={"format": "pt"},
-    )
-    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_tokenizer(directory)
+    save_checkpoint(directory, tensors, cfg)
 
 
 def _attention(prefix: str, matrix: Any, gemma_norm: Any, h: int, branch: float) -> dict:
