@@ -106,7 +106,7 @@ def test_host_values_keep_what_a_device_task_keeps_and_substitute_back() -> None
 
     dev, lens = torch.ones(3), torch.tensor([4, 5], dtype=torch.int32)
     values = adversarial.host_values(
-        "op", (dev, 7, [1, 2]), {"q": dev, "context_lens": lens, "scale": 0.5}, ("context_lens",)
+        (dev, 7, [1, 2]), {"q": dev, "context_lens": lens, "scale": 0.5}, ("context_lens",)
     )
     assert values == {
         "args": {"1": 7, "2": [1, 2]},

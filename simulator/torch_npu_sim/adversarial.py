@@ -60,8 +60,9 @@ def _host_value(value: Any, host_tensor: bool) -> Any:
     return ...
 
 
-def host_values(name: str, args: tuple, kwargs: dict, host_args: tuple[str, ...]) -> dict:
-    """A launch's host values: ``{"args": {position: value}, "kwargs": {name: value}}``."""
+def host_values(args: tuple, kwargs: dict, host_args: tuple[str, ...]) -> dict:
+    """A launch's host values: ``{"args": {position: value}, "kwargs": {name: value}}``
+    (``host_args``: the keyword tensors the task keeps as values, ``runtime.HOST_ARGS``)."""
     positional = {}
     for i, value in enumerate(args):
         if (v := _host_value(value, False)) is not ...:

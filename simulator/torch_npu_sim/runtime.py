@@ -41,7 +41,6 @@ import contextlib
 import functools
 import inspect
 import itertools
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -188,13 +187,6 @@ def prophecy_record() -> dict[str, Any] | None:
     ordinal = _S.group_ordinals
     overtaken = [(ordinal[h], run, update) for h, run, update in _S.hb.overtaken if h in ordinal]
     return _S.recorder.prophecy(overtaken)
-
-
-def _load_prophecy() -> None:
-    _S.prophecy_loaded = True
-    if not os.environ.get(adversarial.ENV_VAR):
-        return
-    _S.prophecy = adversarial.Prophecy.from_env()
 
 
 def _hb() -> happens_before.Detector | None:
@@ -1109,8 +1101,9 @@ def graph_task_group_end(stream: Stream) -> _NPUTaskGroupHandle:
         if task.sim:  # the op task an update replaces
             task.handle = ordinal
             break
-    if not _S.prophecy_loaded:
-        _load_prophecy()
+    if not _S.prophecy_loaded:  # pass 2 of the adversarial schedule, if the environment asks
+        _S.prophecy_loaded = True
+        _S.prophecy = adversarial.Prophecy.from_env()
     _S.counters["group_handles"] += 1
     _HANDLES[handle._id] = (_S.capturing, tasks)
     if _S.capturing is not None:
@@ -1192,7 +1185,7 @@ def _apply_update(name: str, args: tuple, kwargs: dict) -> None:
     _S.update_done = True
     if _S.recorder is not None or _S.prophecy is not None:
         host = HOST_ARGS.get(name.removesuffix(".out"), ())
-        _S.update_values = adversarial.host_values(name, task.args, task.kwargs, host)
+        _S.update_values = adversarial.host_values(task.args, task.kwargs, host)
 
 
 # --------------------------------------------------------------------------------------------
