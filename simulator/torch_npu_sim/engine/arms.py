@@ -109,13 +109,12 @@ def source_arm(name: str) -> str | None:
     return name.removesuffix(ADVERSARIAL) if name.endswith(ADVERSARIAL) else None
 
 
-def write_prophecies(source: dict[str, Any], folder: Path) -> int:
+def write_prophecies(source: dict[str, Any], folder: Path) -> None:
     """Pass 1's prophecies, one file per case (by the rank of each model-runner process), from
-    the source arm's results; the number of files written."""
+    the source arm's results; a case none of whose processes reported one gets no file."""
     from .arm import prophecy_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    written = 0
     for case, record in (source.get("cases") or {}).items():
         by_rank = {
             str(r.get("rank")): r["prophecy"]
@@ -124,8 +123,6 @@ def write_prophecies(source: dict[str, Any], folder: Path) -> int:
         }
         if by_rank:
             (folder / prophecy_file(case)).write_text(json.dumps(by_rank))
-            written += 1
-    return written
 
 
 def cases_for(arm: str, cases: tuple[Case, ...] = CASES) -> list[Case]:
